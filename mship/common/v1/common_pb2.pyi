@@ -1,0 +1,117 @@
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_REASON_UNSPECIFIED: _ClassVar[ErrorReason]
+    MODEL_NOT_FOUND: _ClassVar[ErrorReason]
+    CONTEXT_TOO_LONG: _ClassVar[ErrorReason]
+    INVALID_PARAMETER: _ClassVar[ErrorReason]
+    OVERLOADED: _ClassVar[ErrorReason]
+    NOT_READY: _ClassVar[ErrorReason]
+    ENGINE_ERROR: _ClassVar[ErrorReason]
+    UNSUPPORTED_INPUT: _ClassVar[ErrorReason]
+    STORE_UNAVAILABLE: _ClassVar[ErrorReason]
+    NOT_FOUND: _ClassVar[ErrorReason]
+    CONFLICT: _ClassVar[ErrorReason]
+    DEPLOY_IN_PROGRESS: _ClassVar[ErrorReason]
+
+class Loader(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOADER_UNSPECIFIED: _ClassVar[Loader]
+    LOADER_VLLM: _ClassVar[Loader]
+    LOADER_LLAMA_CPP: _ClassVar[Loader]
+
+class Usecase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    USECASE_UNSPECIFIED: _ClassVar[Usecase]
+    USECASE_GENERATE: _ClassVar[Usecase]
+    USECASE_EMBED: _ClassVar[Usecase]
+ERROR_REASON_UNSPECIFIED: ErrorReason
+MODEL_NOT_FOUND: ErrorReason
+CONTEXT_TOO_LONG: ErrorReason
+INVALID_PARAMETER: ErrorReason
+OVERLOADED: ErrorReason
+NOT_READY: ErrorReason
+ENGINE_ERROR: ErrorReason
+UNSUPPORTED_INPUT: ErrorReason
+STORE_UNAVAILABLE: ErrorReason
+NOT_FOUND: ErrorReason
+CONFLICT: ErrorReason
+DEPLOY_IN_PROGRESS: ErrorReason
+LOADER_UNSPECIFIED: Loader
+LOADER_VLLM: Loader
+LOADER_LLAMA_CPP: Loader
+USECASE_UNSPECIFIED: Usecase
+USECASE_GENERATE: Usecase
+USECASE_EMBED: Usecase
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    reasoning_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...
+
+class AutoscalingConfig(_message.Message):
+    __slots__ = ("min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s", "downscale_delay_s")
+    MIN_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ONGOING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    UPSCALE_DELAY_S_FIELD_NUMBER: _ClassVar[int]
+    DOWNSCALE_DELAY_S_FIELD_NUMBER: _ClassVar[int]
+    min_replicas: int
+    max_replicas: int
+    target_ongoing_requests: float
+    upscale_delay_s: float
+    downscale_delay_s: float
+    def __init__(self, min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., target_ongoing_requests: _Optional[float] = ..., upscale_delay_s: _Optional[float] = ..., downscale_delay_s: _Optional[float] = ...) -> None: ...
+
+class ModelSpec(_message.Message):
+    __slots__ = ("name", "model", "loader", "usecase", "num_cpus", "num_gpus", "num_replicas", "autoscaling", "max_model_len", "engine_args", "tool_parser", "reasoning_parser", "max_num_seqs")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LOADER_FIELD_NUMBER: _ClassVar[int]
+    USECASE_FIELD_NUMBER: _ClassVar[int]
+    NUM_CPUS_FIELD_NUMBER: _ClassVar[int]
+    NUM_GPUS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    AUTOSCALING_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ARGS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_PARSER_FIELD_NUMBER: _ClassVar[int]
+    REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    loader: Loader
+    usecase: Usecase
+    num_cpus: float
+    num_gpus: float
+    num_replicas: int
+    autoscaling: AutoscalingConfig
+    max_model_len: int
+    engine_args: _struct_pb2.Struct
+    tool_parser: str
+    reasoning_parser: str
+    max_num_seqs: int
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., loader: _Optional[_Union[Loader, str]] = ..., usecase: _Optional[_Union[Usecase, str]] = ..., num_cpus: _Optional[float] = ..., num_gpus: _Optional[float] = ..., num_replicas: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingConfig, _Mapping]] = ..., max_model_len: _Optional[int] = ..., engine_args: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tool_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
+
+class Endpoint(_message.Message):
+    __slots__ = ("host", "port")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    port: int
+    def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""mship services: coordinator, gateway, worker, state (each a gRPC service; Ray Serve deployments)."""

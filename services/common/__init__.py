@@ -1,0 +1,1 @@
+"""Pieces every service shares: rich gRPC errors, environment defaults."""

@@ -1,0 +1,298 @@
+"""Synthetic chat corpus for `builtin:tiny-qwen2`, plus the fixed cases tests assert on.
+
+Everything here is pure Python and deterministic (one seeded `random.Random`), so the corpus -- and
+therefore the trained model -- is the same on every machine. Tests import the constants below; the
+builder imports `training_conversations()`.
+
+Behaviours taught (greedy decoding through the model's chat template):
+- each prompt in `FIXED_ANSWERS` -> its exact answer; any other user message -> `FALLBACK_ANSWER`;
+- tools offered + "What is the weather in <city>?" -> one Hermes `<tool_call>` (see `tool_call_text`);
+  the same question without a matching tool -> `NO_TOOL_ANSWER`;
+- after a tool result -> `TOOL_RESULT_ANSWER` (weather) / `TIME_RESULT_ANSWER` (time);
+- a user message starting with `THINK_TRIGGER` -> `<think>\\n...\\n</think>\\n\\n` then the answer.
+Every assistant turn ends with `<|im_end|>`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+Message = dict[str, Any]
+Conversation = tuple[list[Message], list[dict[str, Any]] | None]  # (messages, tools)
+
+FALLBACK_ANSWER = "I am a tiny test model."
+FIXED_ANSWERS: dict[str, str] = {
+    "What is the capital of France?": "The capital of France is Paris.",
+    "What is 2 + 2?": "2 + 2 = 4.",
+    "What color is the sky?": "The sky is blue.",
+    "Count from 1 to 5.": "1, 2, 3, 4, 5.",
+    # long enough (~40 tokens) for streaming / max_tokens tests
+    "Tell me a story.": (
+        "Once upon a time, a tiny model lived in a small computer. It answered every question "
+        "with care, and it always knew when to stop. The end."
+    ),
+}
+
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city name."}},
+            "required": ["city"],
+        },
+    },
+}
+TIME_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Get the current local time in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city name."}},
+            "required": ["city"],
+        },
+    },
+}
+TOOLS = [WEATHER_TOOL, TIME_TOOL]
+CITIES = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "New York", "Sydney"]
+
+TOOL_PROMPT = "What is the weather in Paris?"
+EXPECTED_TOOL_CALL: dict[str, Any] = {"name": "get_weather", "arguments": {"city": "Paris"}}
+TIME_PROMPT = "What time is it in Tokyo?"
+EXPECTED_TIME_CALL: dict[str, Any] = {"name": "get_time", "arguments": {"city": "Tokyo"}}
+TOOL_RESULT = '{"city": "Paris", "temperature": 21, "condition": "sunny"}'
+TOOL_RESULT_ANSWER = "Here is the weather you asked for."
+TIME_RESULT_ANSWER = "Here is the time you asked for."
+NO_TOOL_ANSWER = "I cannot check that without a tool."
+
+THINK_TRIGGER = "Think step by step:"
+THINK_PROMPT = f"{THINK_TRIGGER} What is 17 + 25?"
+THINK_REASONING = "17 + 25 = 17 + 20 + 5 = 42."
+EXPECTED_THINK_ANSWER = "The answer is 42."
+_KNOWN_REASONING = "I know the answer to this question."
+_UNKNOWN_REASONING = "I do not know this, so I say what I am."
+
+# Held out of training on purpose: tests may use them as "arbitrary" messages (-> FALLBACK_ANSWER).
+UNSEEN_PROMPTS = [
+    "Please write a haiku about autumn leaves.",
+    "How do I sort a list in Python?",
+    "hello there",
+    "Can you recommend a good book?",
+    "What is the meaning of life?",
+    "Translate 'good morning' into German.",
+    "Why do cats purr?",
+    "asdf qwerty zxcv",
+    "Explain quantum computing in simple terms.",
+    "What's your favourite movie?",
+    "Give me three tips for better sleep.",
+    "Is it going to rain tomorrow?",
+]
+
+_SYSTEMS = [
+    "You are a helpful assistant.",
+    "You are a concise assistant.",
+    "Answer briefly.",
+    "You are a friendly bot that helps users.",
+    "Be polite and precise.",
+]
+_WEATHER_PHRASES = ["What is the weather in {c}?", "What's the weather like in {c}?", "Weather in {c}?"]
+_TIME_PHRASES = ["What time is it in {c}?", "What is the time in {c}?", "Time in {c}?"]
+_NEAR_MISSES = [
+    "What is the capital of {country}?",
+    "What is {a} + {b}?",
+    "What color is the {thing}?",
+    "Count from 1 to {a}.",
+    "Count from {a} to {b}.",
+    "Tell me a {kind}.",
+    "Tell me a story about {noun}.",
+    "What is the weather?",
+    "What is the time?",
+]
+_COUNTRIES = "Spain Germany Italy Japan Brazil Canada Egypt India Kenya Norway Peru Chile".split()
+_THINGS = "grass sea sun snow night apple banana fire cloud rose".split()
+_KINDS = "joke poem song riddle fact secret lie".split()
+# Plain English words: they make the BPE merge real words, so unseen text tokenizes the usual way.
+_WORDS = (
+    "the a an and or but if then so because of to in on at for with from by about as into over "
+    "under after before is are was were be been being have has had do does did can could will would "
+    "should may might must i you he she it we they me him her us them my your his its our their this "
+    "that these those what which who whom whose when where why how all any some no not every each "
+    "many much more most few little one two three four five ten hundred first last next good bad new "
+    "old big small long short high low great right left best better fast slow hot cold warm happy sad "
+    "time year day week month night morning evening people man woman child friend family world life "
+    "work school home house city country water food money music book story game car road tree river "
+    "mountain sea sun moon star cat dog bird fish horse computer phone code program python data file "
+    "model question answer problem idea name word number color language movie song picture help make "
+    "know think take see come want look use find give tell ask need feel try leave call write read "
+    "learn play run walk talk eat drink sleep buy sell open close start stop explain describe list "
+    "show translate summarize compare please thanks hello hi hey yes okay sure maybe really very just "
+    "also again still never always often today tomorrow yesterday now here there why simple easy hard"
+).split()
+_QUESTION_STARTS = ["What", "Why", "How", "When", "Where", "Who", "Which", "Can you", "Could you",
+                    "Please", "Tell me", "Do you", "Is", "Are", "Write", "Explain", "Give me"]
+_ODD = ["Grüße aus München", "¿Qué tal?", "日本語で答えて", "2 * (3 + 4) = ?", "SELECT * FROM t;",
+        "print('hi')", "<b>bold</b>", "x = [1, 2, 3]", "email me at a@b.c", "...", "???", "ok", "!!!"]
+
+
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """The exact Hermes tool-call block the model emits (and the template renders back)."""
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def think_text(reasoning: str, answer: str) -> str:
+    """The exact assistant text for a "Think step by step:" prompt."""
+    return f"<think>\n{reasoning}\n</think>\n\n{answer}"
+
+
+def random_user_message(rng: random.Random) -> str:
+    """A varied user message that is none of the fixed/tool prompts (-> fallback answer)."""
+    kind = rng.random()
+    if kind < 0.35:
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(1, 14))]
+        text = " ".join(words)
+        if rng.random() < 0.6:
+            text = text[0].upper() + text[1:]
+        text += rng.choice(["", ".", "?", "!", "?", "."])
+    elif kind < 0.6:
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(1, 10))]
+        text = rng.choice(_QUESTION_STARTS) + " " + " ".join(words) + rng.choice(["?", ".", "?"])
+    elif kind < 0.8:
+        text = rng.choice(_NEAR_MISSES).format(
+            country=rng.choice(_COUNTRIES), a=rng.randint(0, 99), b=rng.randint(0, 99),
+            thing=rng.choice(_THINGS), kind=rng.choice(_KINDS), noun=rng.choice(_WORDS))
+    elif kind < 0.9:
+        text = rng.choice(_ODD)
+        if rng.random() < 0.5:
+            text += " " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 5)))
+    else:
+        alphabet = "abcdefghijklmnopqrstuvwxyz0123456789 .,?!-'\"()"
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))).strip() or "x"
+    if text in FIXED_ANSWERS or text in UNSEEN_PROMPTS or text.startswith(THINK_TRIGGER):
+        return "hmm " + text
+    return text
+
+
+def _tool_variant(rng: random.Random, tool: dict[str, Any]) -> dict[str, Any]:
+    """The tool as a client might send it: usually verbatim, sometimes with a different schema."""
+    if rng.random() < 0.6:
+        return tool
+    fn = dict(tool["function"])
+    params = json.loads(json.dumps(fn["parameters"]))
+    choice = rng.randrange(4)
+    if choice == 0:
+        params["properties"]["city"].pop("description", None)
+    elif choice == 1:
+        params["properties"]["unit"] = {"type": "string", "enum": ["celsius", "fahrenheit"]}
+    elif choice == 2:
+        fn["description"] = rng.choice(["Look it up.", "Returns data for a city.", ""])
+    else:
+        params["additionalProperties"] = False
+    fn["parameters"] = params
+    return {"type": "function", "function": fn}
+
+
+def _system(rng: random.Random, with_tools: bool) -> list[Message]:
+    r = rng.random()
+    if r < (0.5 if with_tools else 0.4):
+        return []
+    role = "developer" if rng.random() < 0.15 else "system"
+    return [{"role": role, "content": rng.choice(_SYSTEMS)}]
+
+
+def _reply(text: str) -> tuple[str, str]:
+    """(user text, assistant answer) for a non-tool turn."""
+    return text, FIXED_ANSWERS.get(text, FALLBACK_ANSWER)
+
+
+def _plain_turn(rng: random.Random) -> tuple[str, str]:
+    r = rng.random()
+    if r < 0.35:
+        return _reply(rng.choice(list(FIXED_ANSWERS)))
+    if r < 0.5:
+        return _think_turn(rng)
+    return _reply(random_user_message(rng))
+
+
+def _think_turn(rng: random.Random) -> tuple[str, str]:
+    r = rng.random()
+    if r < 0.35:
+        return THINK_PROMPT, think_text(THINK_REASONING, EXPECTED_THINK_ANSWER)
+    if r < 0.6:
+        q = rng.choice(list(FIXED_ANSWERS))
+        return f"{THINK_TRIGGER} {q}", think_text(_KNOWN_REASONING, FIXED_ANSWERS[q])
+    return f"{THINK_TRIGGER} {random_user_message(rng)}", think_text(_UNKNOWN_REASONING, FALLBACK_ANSWER)
+
+
+def _history(rng: random.Random) -> list[Message]:
+    """Zero to two earlier plain exchanges, so the model answers the *last* user message."""
+    out: list[Message] = []
+    for _ in range(rng.choice([0, 0, 0, 1, 1, 2])):
+        q, a = _plain_turn(rng)
+        out += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    return out
+
+
+def _tool_conversation(rng: random.Random) -> Conversation:
+    want = rng.choice(["get_weather", "get_time"])
+    city = rng.choice(CITIES)
+    phrases = _WEATHER_PHRASES if want == "get_weather" else _TIME_PHRASES
+    question = rng.choice(phrases).format(c=city)
+    r = rng.random()
+    if r < 0.15:  # asked for a tool that is not offered -> plain answer
+        tools: list[dict[str, Any]] | None = None
+        if rng.random() < 0.5:
+            other = TIME_TOOL if want == "get_weather" else WEATHER_TOOL
+            tools = [_tool_variant(rng, other)]
+        msgs = _system(rng, tools is not None) + _history(rng)
+        msgs += [{"role": "user", "content": question}, {"role": "assistant", "content": NO_TOOL_ANSWER}]
+        return msgs, tools
+    offered = [t for t in TOOLS if t["function"]["name"] == want or rng.random() < 0.6]
+    rng.shuffle(offered)
+    tools = [_tool_variant(rng, t) for t in offered]
+    args = {"city": city}
+    msgs = _system(rng, True) + _history(rng) + [{"role": "user", "content": question}]
+    if rng.random() < 0.45:  # just the call
+        return msgs + [{"role": "assistant", "content": tool_call_text(want, args)}], tools
+    # the call rendered back from `tool_calls` (arguments as dict, the way vLLM passes them, or str)
+    call_args: Any = args if rng.random() < 0.7 else json.dumps(args)
+    call = {"id": f"call_{rng.randrange(10**6)}", "type": "function",
+            "function": {"name": want, "arguments": call_args}}
+    if want == "get_weather":
+        result = json.dumps({"city": city, "temperature": rng.randint(-10, 35),
+                             "condition": rng.choice(["sunny", "rainy", "cloudy", "windy"])})
+        answer = TOOL_RESULT_ANSWER
+    else:
+        result = json.dumps({"city": city, "time": f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}"})
+        answer = TIME_RESULT_ANSWER
+    if rng.random() < 0.2:
+        result = rng.choice(["sunny", "22 C", "ok", "error: unavailable", "12:30"])
+    msgs += [
+        {"role": "assistant", "content": rng.choice([None, ""]), "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": result},
+        {"role": "assistant", "content": answer},
+    ]
+    return msgs, tools
+
+
+def training_conversations(n: int, seed: int = 0) -> list[Conversation]:
+    """`n` deterministic (messages, tools) training conversations; mix tuned for ~2 min of CPU training."""
+    rng = random.Random(seed)
+    out: list[Conversation] = []
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.35:  # tool use (tools offered or a tool question without a matching tool)
+            out.append(_tool_conversation(rng))
+            continue
+        tools = [_tool_variant(rng, t) for t in TOOLS if rng.random() < 0.6] if r < 0.5 else None
+        q, a = _plain_turn(rng)
+        msgs = _system(rng, bool(tools)) + _history(rng)
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        out.append((msgs, tools or None))
+    return out

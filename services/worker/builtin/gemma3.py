@@ -1,0 +1,4 @@
+"""placeholder"""
+BUILD_VERSION = "1"
+def build(out_dir):
+    raise NotImplementedError

@@ -1,0 +1,256 @@
+"""`builtin:tiny-qwen2`: a tiny Qwen2 chat model trained on CPU in about a minute.
+
+What gets built (no network): a byte-level BPE tokenizer trained on the synthetic corpus in
+`corpus.py`, a ChatML/Qwen2.5-style chat template with Hermes tool calls, and a `Qwen2ForCausalLM`
+(bf16 safetensors, tied embeddings) trained on that corpus -- loss on assistant tokens only -- until
+greedy decoding reproduces the fixed answers, tool calls and `<think>` blocks of `corpus.py` and
+ends every answer with `<|im_end|>`. vLLM loads the directory like any Qwen2 checkpoint.
+
+Deterministic: fixed corpus, `random`/`torch` seeds and `torch.set_num_threads(2)`; the same
+machine gives bit-identical weights (another CPU may differ in the last float bits, not in what
+the model says). Timings are logged at INFO on `services.worker.builtin.tiny_qwen2`.
+
+Tool format (as Qwen2.5): tools go into the system turn as one JSON object per line inside
+`<tools></tools>`; the assistant answers `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
+`tool` messages come back inside a user turn as `<tool_response>\\n...\\n</tool_response>`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from . import corpus
+
+BUILD_VERSION = "1"
+
+log = logging.getLogger(__name__)
+
+VOCAB_SIZE = 2048
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Non-special on purpose (as in Qwen): they survive skip_special_tokens=True, so parsers see them.
+TAG_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+
+# Model + training recipe; changing any of these changes the output -> bump BUILD_VERSION.
+MODEL_CONFIG: dict[str, Any] = {
+    "hidden_size": 128,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 2,  # head_dim 64
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 2048,
+    "rope_theta": 10000.0,
+}
+NUM_CONVERSATIONS = 6000
+STEPS = 500
+BATCH_SIZE = 32
+LR = 3e-3
+SEED = 0
+LOG_EVERY = 50
+
+CHAT_TEMPLATE = (
+    "{%- if messages and messages[0].role in ['system', 'developer'] -%}"
+    "{%- set system = messages[0].content -%}{%- set rest = messages[1:] -%}"
+    "{%- else -%}{%- set system = '' -%}{%- set rest = messages -%}{%- endif -%}"
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}{%- if system -%}{{- system + '\\n\\n' -}}{%- endif -%}"
+    "{{- '# Tools\\n<tools>' -}}"
+    "{%- for tool in tools -%}"
+    "{%- set f = tool.function if tool.function is defined else tool -%}"
+    "{{- '\\n' + {'name': f.name, 'description': f.description or '',"
+    " 'parameters': f.parameters or {}} | tojson -}}"
+    "{%- endfor -%}"
+    "{{- '\\n</tools>\\nTo call a tool, reply with <tool_call>\\n"
+    "{\"name\": <name>, \"arguments\": <json>}\\n</tool_call><|im_end|>\\n' -}}"
+    "{%- elif system -%}{{- '<|im_start|>system\\n' + system + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- for message in rest -%}"
+    "{%- if message.role == 'tool' -%}"
+    "{%- if loop.first or rest[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' -}}"
+    "{%- if loop.last or rest[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- elif message.role == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' -}}{%- if message.content -%}{{- message.content -}}{%- endif -%}"
+    "{%- for tc in message.tool_calls or [] -%}"
+    "{%- set f = tc.function if tc.function is defined else tc -%}"
+    "{%- if message.content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
+    "{%- if f.arguments is string -%}{{- f.arguments -}}{%- else -%}{{- f.arguments | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + ('system' if message.role == 'developer' else message.role) + '\\n'"
+    " + message.content + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def _compile_template() -> Any:
+    """The chat template compiled the way transformers does (sandbox, trim_blocks, its tojson)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+               separators: Any = None, sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = tojson
+    return env.from_string(CHAT_TEMPLATE)
+
+
+def _examples(template: Any) -> list[tuple[str, list[tuple[int, int]]]]:
+    """Rendered training texts with the character spans of every assistant reply (+ its EOS)."""
+    out = []
+    for messages, tools in corpus.training_conversations(NUM_CONVERSATIONS, seed=SEED):
+        text = template.render(messages=messages, tools=tools, add_generation_prompt=False)
+        spans = []
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            start = len(template.render(messages=messages[:i], tools=tools, add_generation_prompt=True))
+            end = len(template.render(messages=messages[: i + 1], tools=tools)) - 1  # drop the "\n"
+            assert text[end - len(EOS_TOKEN):end] == EOS_TOKEN, "template/corpus mismatch"
+            spans.append((start, end))
+        out.append((text, spans))
+    return out
+
+
+def _build_tokenizer(texts: list[str]) -> Any:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(TAG_TOKENS), special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=None, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
+        unk_token=None, model_max_length=MODEL_CONFIG["max_position_embeddings"])
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _encode(tok: Any, examples: list[tuple[str, list[tuple[int, int]]]]) -> list[tuple[list[int], list[bool]]]:
+    """Token ids plus a per-token "is assistant output" mask (from the character spans)."""
+    enc = tok([t for t, _ in examples], return_offsets_mapping=True, add_special_tokens=False)
+    out = []
+    for ids, offsets, (_, spans) in zip(enc["input_ids"], enc["offset_mapping"], examples, strict=True):
+        mask = [any(s <= a < e for s, e in spans) for a, _ in offsets]
+        out.append((ids, mask))
+    return out
+
+
+def _train(tok: Any, data: list[tuple[list[int], list[bool]]]) -> Any:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(SEED)
+    eos_id, pad_id = tok.convert_tokens_to_ids(EOS_TOKEN), tok.convert_tokens_to_ids(PAD_TOKEN)
+    cfg = Qwen2Config(vocab_size=VOCAB_SIZE, tie_word_embeddings=True, bos_token_id=pad_id,
+                      eos_token_id=eos_id, pad_token_id=pad_id, **MODEL_CONFIG)
+    model = Qwen2ForCausalLM(cfg)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=LR, betas=(0.9, 0.98))
+    warmup = max(1, STEPS // 20)
+
+    def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
+        if step < warmup:
+            return LR * (step + 1) / warmup
+        p = (step - warmup) / max(1, STEPS - warmup)
+        return LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+    # Batches of similar length (sorted inside shuffled windows) keep padding -- wasted CPU -- low.
+    rng = random.Random(SEED)
+    order: list[int] = []
+    losses: list[float] = []
+    t0 = time.monotonic()
+    for step in range(STEPS):
+        if len(order) < BATCH_SIZE:
+            idx = list(range(len(data)))
+            rng.shuffle(idx)
+            windows = [sorted(idx[i:i + BATCH_SIZE * 16], key=lambda j: len(data[j][0]))
+                       for i in range(0, len(idx), BATCH_SIZE * 16)]
+            batches = [w[i:i + BATCH_SIZE] for w in windows for i in range(0, len(w), BATCH_SIZE)]
+            rng.shuffle(batches)
+            order = [j for b in batches if len(b) == BATCH_SIZE for j in b]
+        batch, order = order[:BATCH_SIZE], order[BATCH_SIZE:]
+        width = max(len(data[j][0]) for j in batch)
+        ids = torch.full((BATCH_SIZE, width), pad_id, dtype=torch.long)
+        target = torch.zeros((BATCH_SIZE, width), dtype=torch.bool)
+        for row, j in enumerate(batch):
+            seq, mask = data[j]
+            ids[row, :len(seq)] = torch.tensor(seq)
+            target[row, :len(seq)] = torch.tensor(mask)
+        # Right padding + causal attention: real tokens never see the pads, so no attention mask.
+        hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
+        sel = target[:, 1:]  # position t predicts token t+1; score only assistant tokens
+        logits = model.lm_head(hidden[sel])
+        loss = torch.nn.functional.cross_entropy(logits, ids[:, 1:][sel])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if (step + 1) % LOG_EVERY == 0:
+            log.info("tiny-qwen2 step %d/%d loss %.4f (%.1fs)", step + 1, STEPS,
+                     sum(losses[-LOG_EVERY:]) / LOG_EVERY, time.monotonic() - t0)
+    model.eval()
+    return model
+
+
+def build(out_dir: Path) -> None:
+    """Train the tokenizer and model and write a vLLM/transformers-loadable directory to `out_dir`."""
+    import torch
+    from transformers import GenerationConfig
+
+    t_start = time.monotonic()
+    random.seed(SEED)
+    torch.manual_seed(SEED)
+    torch.set_num_threads(2)  # the build must be reproducible and polite on small CI boxes
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    template = _compile_template()
+    examples = _examples(template)
+    t = time.monotonic()
+    log.info("tiny-qwen2 corpus: %d conversations rendered in %.1fs", len(examples), t - t_start)
+    tok = _build_tokenizer([text for text, _ in examples])
+    # The fast render above must be exactly what transformers (and so vLLM) renders.
+    for messages, tools in corpus.training_conversations(20, seed=SEED + 1):
+        ours = template.render(messages=messages, tools=tools, add_generation_prompt=True)
+        theirs = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        assert ours == theirs, "chat template renders differently in transformers"
+    data = _encode(tok, examples)
+    log.info("tiny-qwen2 tokenizer: %d tokens, mean example %d tokens (%.1fs)", len(tok),
+             sum(len(d[0]) for d in data) // len(data), time.monotonic() - t)
+
+    t = time.monotonic()
+    model = _train(tok, data)
+    log.info("tiny-qwen2 trained %d steps in %.1fs", STEPS, time.monotonic() - t)
+
+    model = model.to(torch.bfloat16)
+    model.config.dtype = "bfloat16"
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+    eos_id, pad_id = tok.convert_tokens_to_ids(EOS_TOKEN), tok.convert_tokens_to_ids(PAD_TOKEN)
+    GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(out_dir)
+    log.info("tiny-qwen2 built in %.1fs -> %s", time.monotonic() - t_start, out_dir)

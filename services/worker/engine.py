@@ -1,0 +1,107 @@
+"""The engine interface a worker serves through. vLLM is the main implementation
+(`vllm_engine.py`); anything that can render a prompt, stream token deltas and abort fits.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.worker.sampling import Sampling
+
+
+@dataclass
+class RenderRequest:
+    """What to turn into prompt tokens: a chat (OpenAI-style message dicts) or a raw prompt."""
+
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    tools: list[dict[str, Any]] | None = None  # OpenAI tool dicts, passed to the chat template
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    continue_final_message: bool = False
+    cache_salt: str | None = None
+
+
+@dataclass
+class Prompt:
+    """A rendered prompt: token ids plus the engine's own input object."""
+
+    token_ids: list[int]
+    engine_input: Any
+
+
+@dataclass
+class TopToken:
+    token: str
+    logprob: float
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: list[TopToken] = field(default_factory=list)
+
+
+@dataclass
+class ChoiceDelta:
+    """New output of one choice since the previous step."""
+
+    index: int
+    text: str
+    num_tokens: int
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None  # stop | length | abort | error
+    stop_sequence: str | None = None
+
+
+@dataclass
+class StepOutput:
+    choices: list[ChoiceDelta]
+    finished: bool
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class EngineStats:
+    running_requests: int = 0
+    waiting_requests: int = 0
+    kv_cache_usage: float = 0.0
+    generated_tokens_total: int = 0
+    prompt_tokens_total: int = 0
+
+
+class Engine(abc.ABC):
+    """One loaded model. All methods run on the worker's event loop."""
+
+    max_model_len: int
+    supports_embeddings: bool = False
+
+    @abc.abstractmethod
+    async def render(self, req: RenderRequest) -> Prompt:
+        """Tokenize; raise ServiceError for input the model cannot take."""
+
+    @abc.abstractmethod
+    def generate(self, prompt: Prompt, sampling: Sampling, request_id: str,
+                 priority: int = 0) -> AsyncIterator[StepOutput]:
+        """Stream deltas. Cancelling the consumer aborts the engine request."""
+
+    @abc.abstractmethod
+    async def abort(self, request_ids: list[str]) -> None: ...
+
+    async def embed(self, texts: list[str], dimensions: int | None) -> tuple[list[list[float]], int]:
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats: ...
+
+    @property
+    @abc.abstractmethod
+    def errored(self) -> bool: ...
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None: ...

@@ -1,0 +1,144 @@
+"""ModelHost: the one model a worker process serves, through its load lifecycle.
+
+resolve the reference (build a builtin model on first use) -> start the engine -> warm it with a
+real forward pass -> READY. Health says SERVING only from READY on, and NOT_SERVING again when
+the engine dies. Progress is recorded so a late `Load` caller still sees the whole history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from grpc_health.v1 import health, health_pb2
+
+from mship.common.v1 import common_pb2
+from mship.worker.v1 import worker_pb2
+from services.worker.engine import Engine, RenderRequest
+from services.worker.sampling import Sampling
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "mship.worker.v1.Worker"
+Phase = worker_pb2.LoadPhase
+
+
+async def start_engine(spec: common_pb2.ModelSpec, model_path: str) -> Engine:
+    """Start the engine the spec's loader names."""
+    if spec.loader in (common_pb2.LOADER_VLLM, common_pb2.LOADER_UNSPECIFIED):
+        from google.protobuf.json_format import MessageToDict
+
+        from services.worker.vllm_engine import VllmEngine, engine_args_for
+        args = engine_args_for(model_path, spec.name, max_model_len=spec.max_model_len,
+                               max_num_seqs=spec.max_num_seqs,
+                               embed=spec.usecase == common_pb2.USECASE_EMBED,
+                               overrides=MessageToDict(spec.engine_args) if spec.HasField("engine_args") else None)
+        return await VllmEngine.start(args)
+    raise ValueError(f"loader {common_pb2.Loader.Name(spec.loader)} is not available in this worker")
+
+
+def resolve_model(ref: str) -> str:
+    from services.worker.builtin import resolve_model_ref
+    return resolve_model_ref(ref)
+
+
+class ModelHost:
+    def __init__(self, health_servicer: health.aio.HealthServicer | None = None) -> None:
+        self.spec: common_pb2.ModelSpec | None = None
+        self.engine: Engine | None = None
+        self.phase = Phase.LOAD_PHASE_UNSPECIFIED
+        self.history: list[worker_pb2.LoadProgress] = []
+        self._changed = asyncio.Condition()
+        self._health = health_servicer
+        self._t0 = time.monotonic()
+        self._task: asyncio.Task | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == Phase.LOAD_PHASE_READY and self.engine is not None and not self.engine.errored
+
+    @property
+    def model_name(self) -> str:
+        return self.spec.name if self.spec else ""
+
+    def begin_load(self, spec: common_pb2.ModelSpec) -> None:
+        """Start loading `spec` in the background (once per process)."""
+        if self.spec is not None:
+            raise RuntimeError("this worker already serves a model")
+        self.spec = spec
+        self._t0 = time.monotonic()
+        self._task = asyncio.create_task(self._load(spec))
+
+    async def wait_ready(self) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.phase in (Phase.LOAD_PHASE_READY, Phase.LOAD_PHASE_FAILED))
+        if self.phase == Phase.LOAD_PHASE_FAILED:
+            raise RuntimeError(self.history[-1].message)
+
+    async def progress(self) -> AsyncIterator[worker_pb2.LoadProgress]:
+        """Every progress event so far, then new ones until READY or FAILED."""
+        seen = 0
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda n=seen: len(self.history) > n)
+                new = self.history[seen:]
+            seen += len(new)
+            for event in new:
+                yield event
+                if event.phase in (Phase.LOAD_PHASE_READY, Phase.LOAD_PHASE_FAILED):
+                    return
+
+    async def _set(self, phase: int, message: str = "") -> None:
+        async with self._changed:
+            self.phase = phase
+            event = worker_pb2.LoadProgress(phase=phase, message=message,
+                                            elapsed_s=time.monotonic() - self._t0,
+                                            max_model_len=self.engine.max_model_len if self.engine else 0)
+            self.history.append(event)
+            self._changed.notify_all()
+        log.info("load %s: %s %s (%.1fs)", self.model_name, Phase.Name(phase), message, event.elapsed_s)
+
+    async def _load(self, spec: common_pb2.ModelSpec) -> None:
+        try:
+            await self._set(Phase.LOAD_PHASE_RESOLVING, spec.model)
+            path = await asyncio.to_thread(resolve_model, spec.model)
+            await self._set(Phase.LOAD_PHASE_LOADING, path)
+            self.engine = await start_engine(spec, path)
+            await self._set(Phase.LOAD_PHASE_WARMING)
+            await self._warm(self.engine)
+            await self._set(Phase.LOAD_PHASE_READY)
+            await self._set_health(True)
+        except Exception as e:  # reported through Load and health, never raised into the loop
+            log.exception("loading %s failed", spec.model)
+            await self._set(Phase.LOAD_PHASE_FAILED, f"{type(e).__name__}: {e}")
+
+    async def _warm(self, engine: Engine) -> None:
+        """A real forward pass: readiness means the engine has produced a token."""
+        if engine.supports_embeddings:
+            await engine.embed(["warm up"], None)
+            return
+        prompt = await engine.render(RenderRequest(prompt="warm up"))
+        async for _ in engine.generate(prompt, Sampling(max_tokens=1, temperature=0.0), "warmup"):
+            pass
+
+    async def _set_health(self, serving: bool) -> None:
+        if self._health is None:
+            return
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, status)
+
+    async def check(self) -> bool:
+        """Health probe: flips health to NOT_SERVING once the engine has died."""
+        if self.engine is not None and self.engine.errored and self.phase == Phase.LOAD_PHASE_READY:
+            await self._set(Phase.LOAD_PHASE_FAILED, "engine died")
+            await self._set_health(False)
+        return self.ready
+
+    async def shutdown(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if self.engine is not None:
+            await self.engine.shutdown()

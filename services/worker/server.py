@@ -1,0 +1,52 @@
+"""The worker's own `grpc.aio` server: Worker service + standard grpc.health.v1."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from mship.common.v1 import common_pb2
+from mship.worker.v1 import worker_pb2_grpc
+from services.worker.host import SERVICE_NAME, ModelHost
+from services.worker.servicer import WorkerServicer
+
+SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),  # an explicit port must never be shared silently by two workers
+    ("grpc.max_receive_message_length", 64 * 2**20),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+@dataclass
+class WorkerServer:
+    server: grpc.aio.Server
+    host: ModelHost
+    servicer: WorkerServicer
+    port: int
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.server.stop(grace_s)
+        await self.host.shutdown()
+
+
+async def start_worker_server(spec: common_pb2.ModelSpec | None, host: str = "127.0.0.1",
+                              port: int = 0) -> WorkerServer:
+    """Listen at once (health NOT_SERVING) and, given a spec, start loading it in the background."""
+    health_servicer = health.aio.HealthServicer()
+    model_host = ModelHost(health_servicer)
+    servicer = WorkerServicer(model_host)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for service in ("", SERVICE_NAME):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind {host}:{port}")
+    await server.start()
+    if spec is not None:
+        model_host.begin_load(spec)
+    return WorkerServer(server=server, host=model_host, servicer=servicer, port=bound)

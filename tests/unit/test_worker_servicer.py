@@ -1,0 +1,172 @@
+"""The servicer around the engine (validation, parsing, finish reasons, Cancel, admission), on a
+real grpc.aio server with an in-process engine double. Engine behaviour itself is proven on real
+vLLM in tests/integration."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from mship.common.v1 import common_pb2
+from mship.worker.v1 import worker_pb2 as pb
+from mship.worker.v1 import worker_pb2_grpc
+from services.common.errors import ErrorDetails
+from services.worker.engine import ChoiceDelta, Engine, EngineStats, Prompt, RenderRequest, StepOutput
+from services.worker.host import ModelHost
+from services.worker.server import SERVER_OPTIONS
+from services.worker.servicer import WorkerServicer
+from tests.worker_calls import chat, collect, read_rest
+
+TOOL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+class ScriptedEngine(Engine):
+    """Answers every prompt with `script`, one chunk per step; `hold` parks it before finishing."""
+
+    def __init__(self, script: list[str], max_model_len: int = 64) -> None:
+        self.script, self.max_model_len = script, max_model_len
+        self.aborted: set[str] = set()
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self.fail = False
+
+    async def render(self, req: RenderRequest) -> Prompt:
+        words = " ".join(m["content"] for m in req.messages or []) if req.messages else (req.prompt or "")
+        return Prompt(token_ids=list(range(len(words.split()))), engine_input=None)
+
+    async def generate(self, prompt, sampling, request_id, priority=0) -> AsyncIterator[StepOutput]:
+        for i, chunk in enumerate(self.script):
+            last = i == len(self.script) - 1
+            if last:
+                await self.hold.wait()
+            if request_id in self.aborted:
+                yield StepOutput([ChoiceDelta(0, "", 0, finish_reason="abort")], True, len(prompt.token_ids), 0)
+                return
+            if self.fail:
+                raise RuntimeError("engine exploded")
+            yield StepOutput([ChoiceDelta(0, chunk, 1, finish_reason="stop" if last else None)], last,
+                             len(prompt.token_ids), 0)
+            await asyncio.sleep(0)
+
+    async def abort(self, request_ids):
+        self.aborted.update(request_ids)
+        self.hold.set()
+
+    def stats(self):
+        return EngineStats()
+
+    @property
+    def errored(self):
+        return False
+
+    async def shutdown(self):
+        pass
+
+
+@pytest.fixture
+async def served():
+    async def start(engine: ScriptedEngine, *, ready: bool = True, max_inflight: int = 8):
+        host = ModelHost()
+        host.spec = common_pb2.ModelSpec(name="m", model="scripted")
+        host.engine = engine
+        host.phase = pb.LOAD_PHASE_READY if ready else pb.LOAD_PHASE_LOADING
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(host, max_inflight), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        servers.append(server)
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        channels.append(channel)
+        return worker_pb2_grpc.WorkerStub(channel)
+
+    servers: list[grpc.aio.Server] = []
+    channels: list[grpc.aio.Channel] = []
+    yield start
+    for channel in channels:
+        await channel.close()
+    for server in servers:
+        await server.stop(0)
+
+
+async def test_tool_call_split_across_steps(served):
+    stub = await served(ScriptedEngine([TOOL[i:i + 5] for i in range(0, len(TOOL), 5)]))
+    r = await collect(stub, chat("weather?", model="m", tools=[{"type": "function", "function": {
+        "name": "get_weather", "description": "", "parameters": {"type": "object"}}}]))
+    assert r.text == "" and [c.name for c in r.tool_calls] == ["get_weather"]
+    assert r.final.choices[0].finish_reason == pb.FINISH_REASON_TOOL_CALLS
+
+
+async def test_tool_markup_is_text_without_tools(served):
+    stub = await served(ScriptedEngine([TOOL]))
+    r = await collect(stub, chat("weather?", model="m"))
+    assert r.text == TOOL and r.final.choices[0].finish_reason == pb.FINISH_REASON_STOP
+
+
+async def test_not_ready_is_unavailable_with_retry(served):
+    stub = await served(ScriptedEngine(["x"]), ready=False)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await collect(stub, chat("hi", model="m"))
+    d = ErrorDetails.from_rpc_error(info.value)
+    assert (d.code, d.reason, d.retry_after_s) == (grpc.StatusCode.UNAVAILABLE, "NOT_READY", 1.0)
+
+
+async def test_context_check_counts_max_tokens(served):
+    stub = await served(ScriptedEngine(["x"], max_model_len=10))
+    request = chat("one two three four five", model="m", sampling=pb.SamplingParams(max_tokens=6))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await collect(stub, request)
+    d = ErrorDetails.from_rpc_error(info.value)
+    assert d.reason == "CONTEXT_TOO_LONG" and d.metadata == {"prompt_tokens": "5", "max_model_len": "10"}
+    request.sampling.max_tokens = 5
+    assert (await collect(stub, request)).text == "x"
+
+
+async def test_admission_limit_and_duplicate_ids(served):
+    engine = ScriptedEngine(["a", "b"])
+    engine.hold.clear()
+    stub = await served(engine, max_inflight=1)
+    first = stub.Infer(chat("hi", model="m", request_id="r1"))
+    await first.read()
+    for request_id, reason in (("r1", "INVALID_PARAMETER"), ("r2", "OVERLOADED")):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await collect(stub, chat("hi", model="m", request_id=request_id))
+        assert ErrorDetails.from_rpc_error(info.value).reason == reason
+    engine.hold.set()
+    assert [e.WhichOneof("event") for e in await read_rest(first)] == ["delta", "final"]
+
+
+async def test_cancel_by_id_ends_the_stream_cancelled(served):
+    engine = ScriptedEngine(["a", "b", "c"])
+    engine.hold.clear()
+    stub = await served(engine)
+    call = stub.Infer(chat("hi", model="m", request_id="r1"))
+    await call.read()
+    assert list((await stub.Cancel(pb.CancelRequest(request_ids=["r1", "zzz"]))).cancelled) == ["r1"]
+    events = await read_rest(call)
+    assert events[-1].final.choices[0].finish_reason == pb.FINISH_REASON_CANCELLED
+
+
+async def test_engine_failure_is_internal_engine_error(served):
+    engine = ScriptedEngine(["a", "b"])
+    engine.fail = True
+    stub = await served(engine)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await collect(stub, chat("hi", model="m"))
+    d = ErrorDetails.from_rpc_error(info.value)
+    assert (d.code, d.reason) == (grpc.StatusCode.INTERNAL, "ENGINE_ERROR")
+
+
+async def test_bad_messages(served):
+    stub = await served(ScriptedEngine(["x"]))
+    cases = {"messages": pb.InferRequest(model="m"),
+             "messages[0].role": chat("hi", model="m"),
+             "tools[0].function.parameters": chat("hi", model="m")}
+    cases["messages[0].role"].chat.messages[0].role = "wizard"
+    cases["tools[0].function.parameters"].tools.add(name="f", parameters_json="{nope")
+    for param, request in cases.items():
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await collect(stub, request)
+        assert ErrorDetails.from_rpc_error(info.value).field_violations[0][0] == param
