@@ -25,19 +25,19 @@ _sym_db = _symbol_database.Default()
 from mship.common.v1 import common_pb2 as mship_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&mship/coordinator/v1/coordinator.proto\x12\x14mship.coordinator.v1\x1a\x1cmship/common/v1/common.proto\"\x9b\x01\n\rDeployRequest\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.mship.common.v1.ModelSpec\x12.\n\x04mode\x18\x02 \x01(\x0e\x32 .mship.coordinator.v1.DeployMode\x12\x15\n\ruse_committed\x18\x03 \x01(\x08\x12\x17\n\x0f\x64rain_timeout_s\x18\x04 \x01(\x01\"\xa0\x01\n\rModelProgress\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12/\n\x05phase\x18\x03 \x01(\x0e\x32 .mship.coordinator.v1.ModelPhase\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x16\n\x0eready_replicas\x18\x05 \x01(\r\x12\x17\n\x0ftarget_replicas\x18\x06 \x01(\r\"\x97\x01\n\x0b\x44\x65ployEvent\x12\x11\n\tdeploy_id\x18\x01 \x01(\t\x12\x30\n\x05state\x18\x02 \x01(\x0e\x32!.mship.coordinator.v1.DeployState\x12\x32\n\x05model\x18\x03 \x01(\x0b\x32#.mship.coordinator.v1.ModelProgress\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xbe\x01\n\nDeployment\x12\x11\n\tdeploy_id\x18\x01 \x01(\t\x12\x30\n\x05state\x18\x02 \x01(\x0e\x32!.mship.coordinator.v1.DeployState\x12\x33\n\x06models\x18\x03 \x03(\x0b\x32#.mship.coordinator.v1.ModelProgress\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\x06 \x01(\x01\")\n\x14GetDeploymentRequest\x12\x11\n\tdeploy_id\x18\x01 \x01(\t\"(\n\x13\x43\x61ncelDeployRequest\x12\x11\n\tdeploy_id\x18\x01 \x01(\t\"U\n\x13\x41\x63quireLeaseRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\r\n\x05ttl_s\x18\x03 \x01(\x01\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\"_\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07granted\x18\x02 \x01(\x08\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x12\n\nexpires_at\x18\x05 \x01(\x01\"4\n\x11RenewLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\r\n\x05ttl_s\x18\x02 \x01(\x01\"\'\n\x13ReleaseLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"\x16\n\x14ReleaseLeaseResponse\"\xa3\x01\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12+\n\x08\x65ndpoint\x18\x04 \x01(\x0b\x32\x19.mship.common.v1.Endpoint\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\r\x12\x15\n\rmax_model_len\x18\x07 \x01(\r\"L\n\x16RegisterReplicaRequest\x12\x32\n\x07replica\x18\x01 \x01(\x0b\x32!.mship.coordinator.v1.ReplicaInfo\"7\n\x17RegisterReplicaResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"r\n\x10HeartbeatRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0einflight_calls\x18\x02 \x01(\r\x12\x18\n\x10running_requests\x18\x03 \x01(\r\x12\x18\n\x10waiting_requests\x18\x04 \x01(\r\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"\xa2\x01\n\nModelRoute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12)\n\x07usecase\x18\x03 \x01(\x0e\x32\x18.mship.common.v1.Usecase\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x33\n\x08replicas\x18\x05 \x03(\x0b\x32!.mship.coordinator.v1.ReplicaInfo\"e\n\x0fRoutingSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x30\n\x06models\x18\x02 \x03(\x0b\x32 .mship.coordinator.v1.ModelRoute\x12\x0f\n\x07pending\x18\x03 \x03(\t\"\x1c\n\tKeepalive\x12\x0f\n\x07version\x18\x01 \x01(\x04\"\x8a\x01\n\rRoutingUpdate\x12\x39\n\x08snapshot\x18\x01 \x01(\x0b\x32%.mship.coordinator.v1.RoutingSnapshotH\x00\x12\x34\n\tkeepalive\x18\x02 \x01(\x0b\x32\x1f.mship.coordinator.v1.KeepaliveH\x00\x42\x08\n\x06update\"C\n\x13WatchRoutingRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04\x12\x15\n\rsubscriber_id\x18\x02 \x01(\t\"\x13\n\x11ListModelsRequest\"\x85\x01\n\tModelInfo\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x1a.mship.common.v1.ModelSpec\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08\x61pp_name\x18\x03 \x01(\t\x12\x16\n\x0eready_replicas\x18\x04 \x01(\r\x12\x13\n\x0bload_time_s\x18\x05 \x01(\x01\"^\n\x12ListModelsResponse\x12/\n\x06models\x18\x01 \x03(\x0b\x32\x1f.mship.coordinator.v1.ModelInfo\x12\x17\n\x0frouting_version\x18\x02 \x01(\x04*^\n\nDeployMode\x12\x1b\n\x17\x44\x45PLOY_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44\x45PLOY_MODE_ADDITIVE\x10\x01\x12\x19\n\x15\x44\x45PLOY_MODE_RECONCILE\x10\x02*\xf4\x01\n\nModelPhase\x12\x1b\n\x17MODEL_PHASE_UNSPECIFIED\x10\x00\x12\x19\n\x15MODEL_PHASE_SCHEDULED\x10\x01\x12\x17\n\x13MODEL_PHASE_LOADING\x10\x02\x12\x15\n\x11MODEL_PHASE_READY\x10\x03\x12\x16\n\x12MODEL_PHASE_FAILED\x10\x04\x12\x19\n\x15MODEL_PHASE_UNCHANGED\x10\x05\x12\x18\n\x14MODEL_PHASE_REMOVING\x10\x06\x12\x17\n\x13MODEL_PHASE_REMOVED\x10\x07\x12\x18\n\x14MODEL_PHASE_RESCALED\x10\x08*\xaf\x01\n\x0b\x44\x65ployState\x12\x1c\n\x18\x44\x45PLOY_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x44\x45PLOY_STATE_QUEUED\x10\x01\x12\x18\n\x14\x44\x45PLOY_STATE_RUNNING\x10\x02\x12\x1a\n\x16\x44\x45PLOY_STATE_SUCCEEDED\x10\x03\x12\x17\n\x13\x44\x45PLOY_STATE_FAILED\x10\x04\x12\x1a\n\x16\x44\x45PLOY_STATE_CANCELLED\x10\x05\x32\xc1\x07\n\x0b\x43oordinator\x12R\n\x06\x44\x65ploy\x12#.mship.coordinator.v1.DeployRequest\x1a!.mship.coordinator.v1.DeployEvent0\x01\x12]\n\rGetDeployment\x12*.mship.coordinator.v1.GetDeploymentRequest\x1a .mship.coordinator.v1.Deployment\x12[\n\x0c\x43\x61ncelDeploy\x12).mship.coordinator.v1.CancelDeployRequest\x1a .mship.coordinator.v1.Deployment\x12V\n\x0c\x41\x63quireLease\x12).mship.coordinator.v1.AcquireLeaseRequest\x1a\x1b.mship.coordinator.v1.Lease\x12R\n\nRenewLease\x12\'.mship.coordinator.v1.RenewLeaseRequest\x1a\x1b.mship.coordinator.v1.Lease\x12\x65\n\x0cReleaseLease\x12).mship.coordinator.v1.ReleaseLeaseRequest\x1a*.mship.coordinator.v1.ReleaseLeaseResponse\x12n\n\x0fRegisterReplica\x12,.mship.coordinator.v1.RegisterReplicaRequest\x1a-.mship.coordinator.v1.RegisterReplicaResponse\x12\\\n\tHeartbeat\x12&.mship.coordinator.v1.HeartbeatRequest\x1a\'.mship.coordinator.v1.HeartbeatResponse\x12`\n\x0cWatchRouting\x12).mship.coordinator.v1.WatchRoutingRequest\x1a#.mship.coordinator.v1.RoutingUpdate0\x01\x12_\n\nListModels\x12\'.mship.coordinator.v1.ListModelsRequest\x1a(.mship.coordinator.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&mship/coordinator/v1/coordinator.proto\x12\x14mship.coordinator.v1\x1a\x1cmship/common/v1/common.proto\"\x9b\x01\n\rDeployRequest\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.mship.common.v1.ModelSpec\x12.\n\x04mode\x18\x02 \x01(\x0e\x32 .mship.coordinator.v1.DeployMode\x12\x15\n\ruse_committed\x18\x03 \x01(\x08\x12\x17\n\x0f\x64rain_timeout_s\x18\x04 \x01(\x01\"\xa0\x01\n\rModelProgress\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12/\n\x05phase\x18\x03 \x01(\x0e\x32 .mship.coordinator.v1.ModelPhase\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x16\n\x0eready_replicas\x18\x05 \x01(\r\x12\x17\n\x0ftarget_replicas\x18\x06 \x01(\r\"\x97\x01\n\x0b\x44\x65ployEvent\x12\x11\n\tdeploy_id\x18\x01 \x01(\t\x12\x30\n\x05state\x18\x02 \x01(\x0e\x32!.mship.coordinator.v1.DeployState\x12\x32\n\x05model\x18\x03 \x01(\x0b\x32#.mship.coordinator.v1.ModelProgress\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xbe\x01\n\nDeployment\x12\x11\n\tdeploy_id\x18\x01 \x01(\t\x12\x30\n\x05state\x18\x02 \x01(\x0e\x32!.mship.coordinator.v1.DeployState\x12\x33\n\x06models\x18\x03 \x03(\x0b\x32#.mship.coordinator.v1.ModelProgress\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\x06 \x01(\x01\")\n\x14GetDeploymentRequest\x12\x11\n\tdeploy_id\x18\x01 \x01(\t\"(\n\x13\x43\x61ncelDeployRequest\x12\x11\n\tdeploy_id\x18\x01 \x01(\t\"U\n\x13\x41\x63quireLeaseRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\r\n\x05ttl_s\x18\x03 \x01(\x01\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\"_\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07granted\x18\x02 \x01(\x08\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x12\n\nexpires_at\x18\x05 \x01(\x01\"4\n\x11RenewLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\r\n\x05ttl_s\x18\x02 \x01(\x01\"\'\n\x13ReleaseLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"\x16\n\x14ReleaseLeaseResponse\"\xcd\x01\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12+\n\x08\x65ndpoint\x18\x04 \x01(\x0b\x32\x19.mship.common.v1.Endpoint\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\r\x12\x15\n\rmax_model_len\x18\x07 \x01(\r\x12(\n\x04spec\x18\x08 \x01(\x0b\x32\x1a.mship.common.v1.ModelSpec\"L\n\x16RegisterReplicaRequest\x12\x32\n\x07replica\x18\x01 \x01(\x0b\x32!.mship.coordinator.v1.ReplicaInfo\"7\n\x17RegisterReplicaResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"\x83\x01\n\x10HeartbeatRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0einflight_calls\x18\x02 \x01(\r\x12\x18\n\x10running_requests\x18\x03 \x01(\r\x12\x18\n\x10waiting_requests\x18\x04 \x01(\r\x12\x0f\n\x07leaving\x18\x05 \x01(\x08\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"\xa2\x01\n\nModelRoute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12)\n\x07usecase\x18\x03 \x01(\x0e\x32\x18.mship.common.v1.Usecase\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x33\n\x08replicas\x18\x05 \x03(\x0b\x32!.mship.coordinator.v1.ReplicaInfo\"e\n\x0fRoutingSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x30\n\x06models\x18\x02 \x03(\x0b\x32 .mship.coordinator.v1.ModelRoute\x12\x0f\n\x07pending\x18\x03 \x03(\t\"\x1c\n\tKeepalive\x12\x0f\n\x07version\x18\x01 \x01(\x04\"\x8a\x01\n\rRoutingUpdate\x12\x39\n\x08snapshot\x18\x01 \x01(\x0b\x32%.mship.coordinator.v1.RoutingSnapshotH\x00\x12\x34\n\tkeepalive\x18\x02 \x01(\x0b\x32\x1f.mship.coordinator.v1.KeepaliveH\x00\x42\x08\n\x06update\"C\n\x13WatchRoutingRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04\x12\x15\n\rsubscriber_id\x18\x02 \x01(\t\"\x13\n\x11ListModelsRequest\"\x85\x01\n\tModelInfo\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x1a.mship.common.v1.ModelSpec\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08\x61pp_name\x18\x03 \x01(\t\x12\x16\n\x0eready_replicas\x18\x04 \x01(\r\x12\x13\n\x0bload_time_s\x18\x05 \x01(\x01\"^\n\x12ListModelsResponse\x12/\n\x06models\x18\x01 \x03(\x0b\x32\x1f.mship.coordinator.v1.ModelInfo\x12\x17\n\x0frouting_version\x18\x02 \x01(\x04*^\n\nDeployMode\x12\x1b\n\x17\x44\x45PLOY_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44\x45PLOY_MODE_ADDITIVE\x10\x01\x12\x19\n\x15\x44\x45PLOY_MODE_RECONCILE\x10\x02*\xf4\x01\n\nModelPhase\x12\x1b\n\x17MODEL_PHASE_UNSPECIFIED\x10\x00\x12\x19\n\x15MODEL_PHASE_SCHEDULED\x10\x01\x12\x17\n\x13MODEL_PHASE_LOADING\x10\x02\x12\x15\n\x11MODEL_PHASE_READY\x10\x03\x12\x16\n\x12MODEL_PHASE_FAILED\x10\x04\x12\x19\n\x15MODEL_PHASE_UNCHANGED\x10\x05\x12\x18\n\x14MODEL_PHASE_REMOVING\x10\x06\x12\x17\n\x13MODEL_PHASE_REMOVED\x10\x07\x12\x18\n\x14MODEL_PHASE_RESCALED\x10\x08*\xaf\x01\n\x0b\x44\x65ployState\x12\x1c\n\x18\x44\x45PLOY_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x44\x45PLOY_STATE_QUEUED\x10\x01\x12\x18\n\x14\x44\x45PLOY_STATE_RUNNING\x10\x02\x12\x1a\n\x16\x44\x45PLOY_STATE_SUCCEEDED\x10\x03\x12\x17\n\x13\x44\x45PLOY_STATE_FAILED\x10\x04\x12\x1a\n\x16\x44\x45PLOY_STATE_CANCELLED\x10\x05\x32\xc1\x07\n\x0b\x43oordinator\x12R\n\x06\x44\x65ploy\x12#.mship.coordinator.v1.DeployRequest\x1a!.mship.coordinator.v1.DeployEvent0\x01\x12]\n\rGetDeployment\x12*.mship.coordinator.v1.GetDeploymentRequest\x1a .mship.coordinator.v1.Deployment\x12[\n\x0c\x43\x61ncelDeploy\x12).mship.coordinator.v1.CancelDeployRequest\x1a .mship.coordinator.v1.Deployment\x12V\n\x0c\x41\x63quireLease\x12).mship.coordinator.v1.AcquireLeaseRequest\x1a\x1b.mship.coordinator.v1.Lease\x12R\n\nRenewLease\x12\'.mship.coordinator.v1.RenewLeaseRequest\x1a\x1b.mship.coordinator.v1.Lease\x12\x65\n\x0cReleaseLease\x12).mship.coordinator.v1.ReleaseLeaseRequest\x1a*.mship.coordinator.v1.ReleaseLeaseResponse\x12n\n\x0fRegisterReplica\x12,.mship.coordinator.v1.RegisterReplicaRequest\x1a-.mship.coordinator.v1.RegisterReplicaResponse\x12\\\n\tHeartbeat\x12&.mship.coordinator.v1.HeartbeatRequest\x1a\'.mship.coordinator.v1.HeartbeatResponse\x12`\n\x0cWatchRouting\x12).mship.coordinator.v1.WatchRoutingRequest\x1a#.mship.coordinator.v1.RoutingUpdate0\x01\x12_\n\nListModels\x12\'.mship.coordinator.v1.ListModelsRequest\x1a(.mship.coordinator.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mship.coordinator.v1.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DEPLOYMODE']._serialized_start=2364
-  _globals['_DEPLOYMODE']._serialized_end=2458
-  _globals['_MODELPHASE']._serialized_start=2461
-  _globals['_MODELPHASE']._serialized_end=2705
-  _globals['_DEPLOYSTATE']._serialized_start=2708
-  _globals['_DEPLOYSTATE']._serialized_end=2883
+  _globals['_DEPLOYMODE']._serialized_start=2424
+  _globals['_DEPLOYMODE']._serialized_end=2518
+  _globals['_MODELPHASE']._serialized_start=2521
+  _globals['_MODELPHASE']._serialized_end=2765
+  _globals['_DEPLOYSTATE']._serialized_start=2768
+  _globals['_DEPLOYSTATE']._serialized_end=2943
   _globals['_DEPLOYREQUEST']._serialized_start=95
   _globals['_DEPLOYREQUEST']._serialized_end=250
   _globals['_MODELPROGRESS']._serialized_start=253
@@ -61,31 +61,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RELEASELEASERESPONSE']._serialized_start=1126
   _globals['_RELEASELEASERESPONSE']._serialized_end=1148
   _globals['_REPLICAINFO']._serialized_start=1151
-  _globals['_REPLICAINFO']._serialized_end=1314
-  _globals['_REGISTERREPLICAREQUEST']._serialized_start=1316
-  _globals['_REGISTERREPLICAREQUEST']._serialized_end=1392
-  _globals['_REGISTERREPLICARESPONSE']._serialized_start=1394
-  _globals['_REGISTERREPLICARESPONSE']._serialized_end=1449
-  _globals['_HEARTBEATREQUEST']._serialized_start=1451
-  _globals['_HEARTBEATREQUEST']._serialized_end=1565
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1567
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1601
-  _globals['_MODELROUTE']._serialized_start=1604
-  _globals['_MODELROUTE']._serialized_end=1766
-  _globals['_ROUTINGSNAPSHOT']._serialized_start=1768
-  _globals['_ROUTINGSNAPSHOT']._serialized_end=1869
-  _globals['_KEEPALIVE']._serialized_start=1871
-  _globals['_KEEPALIVE']._serialized_end=1899
-  _globals['_ROUTINGUPDATE']._serialized_start=1902
-  _globals['_ROUTINGUPDATE']._serialized_end=2040
-  _globals['_WATCHROUTINGREQUEST']._serialized_start=2042
-  _globals['_WATCHROUTINGREQUEST']._serialized_end=2109
-  _globals['_LISTMODELSREQUEST']._serialized_start=2111
-  _globals['_LISTMODELSREQUEST']._serialized_end=2130
-  _globals['_MODELINFO']._serialized_start=2133
-  _globals['_MODELINFO']._serialized_end=2266
-  _globals['_LISTMODELSRESPONSE']._serialized_start=2268
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2362
-  _globals['_COORDINATOR']._serialized_start=2886
-  _globals['_COORDINATOR']._serialized_end=3847
+  _globals['_REPLICAINFO']._serialized_end=1356
+  _globals['_REGISTERREPLICAREQUEST']._serialized_start=1358
+  _globals['_REGISTERREPLICAREQUEST']._serialized_end=1434
+  _globals['_REGISTERREPLICARESPONSE']._serialized_start=1436
+  _globals['_REGISTERREPLICARESPONSE']._serialized_end=1491
+  _globals['_HEARTBEATREQUEST']._serialized_start=1494
+  _globals['_HEARTBEATREQUEST']._serialized_end=1625
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1627
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1661
+  _globals['_MODELROUTE']._serialized_start=1664
+  _globals['_MODELROUTE']._serialized_end=1826
+  _globals['_ROUTINGSNAPSHOT']._serialized_start=1828
+  _globals['_ROUTINGSNAPSHOT']._serialized_end=1929
+  _globals['_KEEPALIVE']._serialized_start=1931
+  _globals['_KEEPALIVE']._serialized_end=1959
+  _globals['_ROUTINGUPDATE']._serialized_start=1962
+  _globals['_ROUTINGUPDATE']._serialized_end=2100
+  _globals['_WATCHROUTINGREQUEST']._serialized_start=2102
+  _globals['_WATCHROUTINGREQUEST']._serialized_end=2169
+  _globals['_LISTMODELSREQUEST']._serialized_start=2171
+  _globals['_LISTMODELSREQUEST']._serialized_end=2190
+  _globals['_MODELINFO']._serialized_start=2193
+  _globals['_MODELINFO']._serialized_end=2326
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2328
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2422
+  _globals['_COORDINATOR']._serialized_start=2946
+  _globals['_COORDINATOR']._serialized_end=3907
 # @@protoc_insertion_point(module_scope)

@@ -166,7 +166,7 @@ class ReleaseLeaseResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaInfo(_message.Message):
-    __slots__ = ("replica_id", "model", "version", "endpoint", "node_id", "pid", "max_model_len")
+    __slots__ = ("replica_id", "model", "version", "endpoint", "node_id", "pid", "max_model_len", "spec")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class ReplicaInfo(_message.Message):
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     model: str
     version: str
@@ -181,7 +182,8 @@ class ReplicaInfo(_message.Message):
     node_id: str
     pid: int
     max_model_len: int
-    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., node_id: _Optional[str] = ..., pid: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    spec: _common_pb2.ModelSpec
+    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., node_id: _Optional[str] = ..., pid: _Optional[int] = ..., max_model_len: _Optional[int] = ..., spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ...) -> None: ...
 
 class RegisterReplicaRequest(_message.Message):
     __slots__ = ("replica",)
@@ -196,16 +198,18 @@ class RegisterReplicaResponse(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("replica_id", "inflight_calls", "running_requests", "waiting_requests")
+    __slots__ = ("replica_id", "inflight_calls", "running_requests", "waiting_requests", "leaving")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_CALLS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     inflight_calls: int
     running_requests: int
     waiting_requests: int
-    def __init__(self, replica_id: _Optional[str] = ..., inflight_calls: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ...) -> None: ...
+    leaving: bool
+    def __init__(self, replica_id: _Optional[str] = ..., inflight_calls: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)

@@ -105,10 +105,7 @@ _WEATHER_PHRASES = ["What is the weather in {c}?", "What's the weather like in {
 _TIME_PHRASES = ["What time is it in {c}?", "What is the time in {c}?", "Time in {c}?"]
 _NEAR_MISSES = [
     "What is the capital of {country}?",
-    "What is {a} + {b}?",
     "What color is the {thing}?",
-    "Count from 1 to {a}.",
-    "Count from {a} to {b}.",
     "Tell me a {kind}.",
     "Tell me a story about {noun}.",
     "What is the weather?",
@@ -281,16 +278,19 @@ def _tool_conversation(rng: random.Random) -> Conversation:
     return msgs, tools
 
 
+TOOL_SHARE = 0.5
+
+
 def training_conversations(n: int, seed: int = 0) -> list[Conversation]:
     """`n` deterministic (messages, tools) training conversations; mix tuned for ~2 min of CPU training."""
     rng = random.Random(seed)
     out: list[Conversation] = []
     for _ in range(n):
         r = rng.random()
-        if r < 0.35:  # tool use (tools offered or a tool question without a matching tool)
+        if r < TOOL_SHARE:  # tool use (tools offered or a tool question without a matching tool)
             out.append(_tool_conversation(rng))
             continue
-        tools = [_tool_variant(rng, t) for t in TOOLS if rng.random() < 0.6] if r < 0.5 else None
+        tools = [_tool_variant(rng, t) for t in TOOLS if rng.random() < 0.6] if r < TOOL_SHARE + 0.15 else None
         q, a = _plain_turn(rng)
         msgs = _system(rng, bool(tools)) + _history(rng)
         msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]

@@ -126,13 +126,23 @@ def _examples(template: Any) -> list[tuple[str, list[tuple[int, int]]]]:
 
 
 def _build_tokenizer(texts: list[str]) -> Any:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    """Byte-level BPE with exactly the pipeline `Qwen2Tokenizer` rebuilds on load (NFC, Qwen regex).
+
+    transformers (and so vLLM) load a qwen2 checkpoint's tokenizer as `Qwen2Tokenizer`, which keeps
+    only vocab/merges from tokenizer.json and re-creates the rest; training with the same pipeline
+    makes the model see the same token ids at training and at serving time.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE - len(TAG_TOKENS), special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -155,14 +165,12 @@ def _encode(tok: Any, examples: list[tuple[str, list[tuple[int, int]]]]) -> list
     return out
 
 
-def _train(tok: Any, data: list[tuple[list[int], list[bool]]]) -> Any:
+def _train(cfg: Any, data: list[tuple[list[int], list[bool]]]) -> Any:
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     torch.manual_seed(SEED)
-    eos_id, pad_id = tok.convert_tokens_to_ids(EOS_TOKEN), tok.convert_tokens_to_ids(PAD_TOKEN)
-    cfg = Qwen2Config(vocab_size=VOCAB_SIZE, tie_word_embeddings=True, bos_token_id=pad_id,
-                      eos_token_id=eos_id, pad_token_id=pad_id, **MODEL_CONFIG)
+    pad_id = cfg.pad_token_id
     model = Qwen2ForCausalLM(cfg)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
@@ -221,36 +229,40 @@ def _train(tok: Any, data: list[tuple[list[int], list[bool]]]) -> Any:
 def build(out_dir: Path) -> None:
     """Train the tokenizer and model and write a vLLM/transformers-loadable directory to `out_dir`."""
     import torch
-    from transformers import GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config
 
     t_start = time.monotonic()
     random.seed(SEED)
     torch.manual_seed(SEED)
-    torch.set_num_threads(2)  # the build must be reproducible and polite on small CI boxes
+    torch.set_num_threads(2)  # reproducible, and polite on small CI boxes
     out_dir.mkdir(parents=True, exist_ok=True)
 
     template = _compile_template()
     examples = _examples(template)
     t = time.monotonic()
     log.info("tiny-qwen2 corpus: %d conversations rendered in %.1fs", len(examples), t - t_start)
-    tok = _build_tokenizer([text for text, _ in examples])
+    _build_tokenizer([text for text, _ in examples]).save_pretrained(out_dir)
+    # Reload the way transformers/vLLM will (AutoTokenizer picks Qwen2Tokenizer from config.json).
+    Qwen2Config(vocab_size=VOCAB_SIZE, **MODEL_CONFIG).save_pretrained(out_dir)  # overwritten later
+    tok = AutoTokenizer.from_pretrained(out_dir)
+    eos_id, pad_id = tok.convert_tokens_to_ids(EOS_TOKEN), tok.convert_tokens_to_ids(PAD_TOKEN)
     # The fast render above must be exactly what transformers (and so vLLM) renders.
     for messages, tools in corpus.training_conversations(20, seed=SEED + 1):
         ours = template.render(messages=messages, tools=tools, add_generation_prompt=True)
         theirs = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         assert ours == theirs, "chat template renders differently in transformers"
     data = _encode(tok, examples)
-    log.info("tiny-qwen2 tokenizer: %d tokens, mean example %d tokens (%.1fs)", len(tok),
-             sum(len(d[0]) for d in data) // len(data), time.monotonic() - t)
+    log.info("tiny-qwen2 tokenizer: %d tokens (%s), mean example %d tokens (%.1fs)", len(tok),
+             type(tok).__name__, sum(len(d[0]) for d in data) // len(data), time.monotonic() - t)
 
     t = time.monotonic()
-    model = _train(tok, data)
+    cfg = Qwen2Config(vocab_size=VOCAB_SIZE, tie_word_embeddings=True, bos_token_id=pad_id,
+                      eos_token_id=eos_id, pad_token_id=pad_id, **MODEL_CONFIG)
+    model = _train(cfg, data)
     log.info("tiny-qwen2 trained %d steps in %.1fs", STEPS, time.monotonic() - t)
 
     model = model.to(torch.bfloat16)
     model.config.dtype = "bfloat16"
     model.save_pretrained(out_dir, safe_serialization=True)
-    tok.save_pretrained(out_dir)
-    eos_id, pad_id = tok.convert_tokens_to_ids(EOS_TOKEN), tok.convert_tokens_to_ids(PAD_TOKEN)
     GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(out_dir)
     log.info("tiny-qwen2 built in %.1fs -> %s", time.monotonic() - t_start, out_dir)

@@ -1,0 +1,242 @@
+"""The `mship` command line: starts the platform and talks gRPC to the coordinator.
+
+Exit codes: 0 ok · 2 bad config or usage · 3 coordinator unreachable · 4 deploy failed ·
+5 the platform failed to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+
+from clients.modelset import LOADERS, ConfigError, load_model_set, parse_model
+from mship.common.v1 import common_pb2
+from mship.coordinator.v1 import coordinator_pb2 as pb
+from mship.coordinator.v1 import coordinator_pb2_grpc
+
+EXIT_OK, EXIT_BAD_CONFIG, EXIT_UNREACHABLE, EXIT_DEPLOY_FAILED, EXIT_START_FAILED = 0, 2, 3, 4, 5
+DEFAULT_COORDINATOR = "127.0.0.1:50051"
+STATE_NAMES = {v: k.removeprefix("DEPLOY_STATE_").lower() for k, v in pb.DeployState.items()}
+PHASE_NAMES = {v: k.removeprefix("MODEL_PHASE_").lower() for k, v in pb.ModelPhase.items()}
+
+
+def pidfile() -> Path:
+    root = Path(os.environ.get("MSHIP_CACHE_DIR") or Path.home() / ".cache" / "mship")
+    return root / "run" / "mship-start.pid"
+
+
+def _models_from_args(args: argparse.Namespace) -> list[common_pb2.ModelSpec]:
+    """--config FILE, or --model REF [--name ...] flags; ConfigError names what is wrong."""
+    if args.config and args.model:
+        raise ConfigError("(command line)", "--model", "--config and --model exclude each other", "pass one of them")
+    if args.config:
+        return load_model_set(args.config)
+    if not args.model:
+        return []
+    entry = {"name": args.name or args.model.removeprefix("builtin:"), "model": args.model, "loader": args.loader}
+    for key in ("max_model_len", "num_replicas", "num_cpus"):
+        if getattr(args, key) is not None:
+            entry[key] = getattr(args, key)
+    return [parse_model(entry, "(command line)", "--model")]
+
+
+def _stub(args: argparse.Namespace) -> tuple[grpc.Channel, coordinator_pb2_grpc.CoordinatorStub]:
+    channel = grpc.insecure_channel(args.coordinator)
+    return channel, coordinator_pb2_grpc.CoordinatorStub(channel)
+
+
+def _unreachable(args: argparse.Namespace, err: grpc.RpcError) -> int:
+    print(f"mship: cannot reach the coordinator at {args.coordinator} ({err.code().name}); "
+          "is `mship start` running? (--coordinator / MSHIP_COORDINATOR)", file=sys.stderr)
+    return EXIT_UNREACHABLE
+
+
+def follow_deploy(events, out=sys.stdout) -> int:
+    """Print deploy progress; the exit code says how it ended."""
+    final = pb.DEPLOY_STATE_UNSPECIFIED
+    for event in events:
+        if event.HasField("model"):
+            m = event.model
+            line = f"  {m.name:<24} {PHASE_NAMES[m.phase]:<10} version {m.version}"
+            print(line + (f": {m.reason}" if m.reason else ""), file=out, flush=True)
+        elif event.message:
+            print(f"deploy {event.deploy_id}: {STATE_NAMES[event.state]} ({event.message})", file=out, flush=True)
+        final = event.state
+    return EXIT_OK if final == pb.DEPLOY_STATE_SUCCEEDED else EXIT_DEPLOY_FAILED
+
+
+def deploy(args: argparse.Namespace, stub: coordinator_pb2_grpc.CoordinatorStub,
+           models: list[common_pb2.ModelSpec]) -> int:
+    mode = pb.DEPLOY_MODE_RECONCILE if args.reconcile else pb.DEPLOY_MODE_ADDITIVE
+    stream = stub.Deploy(pb.DeployRequest(models=models, mode=mode, use_committed=args.reconcile and not models),
+                         wait_for_ready=False)
+    if args.wait:
+        try:
+            return follow_deploy(stream)
+        except KeyboardInterrupt:  # stop following; the deploy goes on
+            stream.cancel()
+            print("stopped following; the deploy continues (mship deploy --status ID)", file=sys.stderr)
+            return EXIT_OK
+    first = next(iter(stream))
+    stream.cancel()
+    print(f"deploy {first.deploy_id} started; follow it with: mship deploy --status {first.deploy_id}")
+    return EXIT_OK
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    try:
+        models = _models_from_args(args)
+    except ConfigError as e:
+        print(f"mship: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    if not models and not args.reconcile and not (args.cancel or args.status):
+        print("mship: nothing to deploy: pass --config FILE or --model REF", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    channel, stub = _stub(args)
+    try:
+        if args.cancel or args.status:
+            request_id = args.cancel or args.status
+            d = (stub.CancelDeploy(pb.CancelDeployRequest(deploy_id=request_id)) if args.cancel
+                 else stub.GetDeployment(pb.GetDeploymentRequest(deploy_id=request_id)))
+            print(f"deploy {d.deploy_id}: {STATE_NAMES[d.state]}" + (f" ({d.error})" if d.error else ""))
+            for m in d.models:
+                print(f"  {m.name:<24} {PHASE_NAMES[m.phase]:<10} version {m.version} {m.reason}")
+            return EXIT_OK
+        return deploy(args, stub, models)
+    except grpc.RpcError as e:
+        if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return _unreachable(args, e)
+        print(f"mship: {e.details()}", file=sys.stderr)
+        return EXIT_BAD_CONFIG if e.code() == grpc.StatusCode.INVALID_ARGUMENT else EXIT_DEPLOY_FAILED
+    finally:
+        channel.close()
+
+
+def cmd_models(args: argparse.Namespace, verbose: bool = False) -> int:
+    channel, stub = _stub(args)
+    try:
+        reply = stub.ListModels(pb.ListModelsRequest(), timeout=10)
+    except grpc.RpcError as e:
+        return _unreachable(args, e)
+    finally:
+        channel.close()
+    if verbose:
+        print(f"coordinator {args.coordinator} · routing version {reply.routing_version}")
+    for m in reply.models:
+        loader = common_pb2.Loader.Name(m.spec.loader).removeprefix("LOADER_").lower()
+        line = f"{m.spec.name:<24} {m.spec.model:<32} {loader:<10} replicas {m.ready_replicas}"
+        print(line + (f"  version {m.version}  app {m.app_name}  load {m.load_time_s:.1f}s" if verbose else ""))
+    return EXIT_OK
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    from clients.launcher import PlatformConfig, start_platform, stop_platform
+
+    try:
+        models = _models_from_args(args)
+    except ConfigError as e:
+        print(f"mship: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    cfg = PlatformConfig(host=args.host, http_port=args.http_port, coordinator_port=args.coordinator_port,
+                         state_port=args.state_port, gateway_replicas=args.gateway_replicas,
+                         state_store=args.state_store or os.environ.get("MSHIP_STATE_STORE", "memory://"))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    pid = pidfile()
+    pid.parent.mkdir(parents=True, exist_ok=True)
+    pid.write_text(str(os.getpid()))
+    try:
+        t0 = time.monotonic()
+        start_platform(cfg)
+        print(f"mship platform up in {time.monotonic() - t0:.1f}s: coordinator {cfg.coordinator_address}, "
+              f"state {cfg.state_address}", flush=True)
+        args.coordinator, args.reconcile, args.wait = cfg.coordinator_address, args.config is not None, True
+        if models:
+            channel, stub = _stub(args)
+            with channel:
+                code = deploy(args, stub, models)
+            if code != EXIT_OK:
+                print("mship: the initial deploy failed; the platform keeps running", file=sys.stderr)
+        print(f"OpenAI API at http://{cfg.host}:{cfg.http_port}/v1  (Ctrl-C or `mship stop` to stop)", flush=True)
+        stop.wait()
+        return EXIT_OK
+    except Exception as e:
+        print(f"mship: the platform failed to start: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_START_FAILED
+    finally:
+        print("stopping mship ...", flush=True)
+        stop_platform()
+        pid.unlink(missing_ok=True)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    pid = pidfile()
+    try:
+        target = int(pid.read_text())
+        os.kill(target, signal.SIGTERM)
+    except (OSError, ValueError):
+        print("mship: no running `mship start` found", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(target, 0)
+        except OSError:
+            print("mship stopped")
+            return EXIT_OK
+        time.sleep(0.2)
+    print(f"mship: process {target} did not stop within 30 s", file=sys.stderr)
+    return EXIT_START_FAILED
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="a models.yaml")
+    p.add_argument("--model", help="builtin:NAME, a Hugging Face id or a local path")
+    p.add_argument("--name", help="the OpenAI model id (default: from --model)")
+    p.add_argument("--loader", choices=sorted(LOADERS), default="vllm")
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--num-replicas", type=int)
+    p.add_argument("--num-cpus", type=float)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mship", description="Serve many models behind one OpenAI endpoint.")
+    p.add_argument("--coordinator", default=os.environ.get("MSHIP_COORDINATOR", DEFAULT_COORDINATOR))
+    sub = p.add_subparsers(dest="command", required=True)
+    start = sub.add_parser("start", help="start the platform here and stay in the foreground")
+    _model_flags(start)
+    start.add_argument("--host", default="127.0.0.1")
+    start.add_argument("--http-port", type=int, default=8000)
+    start.add_argument("--coordinator-port", type=int, default=50051)
+    start.add_argument("--state-port", type=int, default=50052)
+    start.add_argument("--state-store", help="memory:// (default) or redis://host:port/db")
+    start.add_argument("--gateway-replicas", type=int, default=1)
+    dep = sub.add_parser("deploy", help="apply a model set")
+    _model_flags(dep)
+    dep.add_argument("--reconcile", action="store_true", help="make the running set exactly this one")
+    dep.add_argument("--wait", action="store_true", help="follow the deploy to its end")
+    dep.add_argument("--cancel", metavar="ID")
+    dep.add_argument("--status", metavar="ID")
+    sub.add_parser("status", help="services, models, replicas, versions")
+    sub.add_parser("models", help="the served models")
+    sub.add_parser("stop", help="stop a running `mship start`")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    handlers = {"start": cmd_start, "deploy": cmd_deploy, "models": cmd_models,
+                "status": lambda a: cmd_models(a, verbose=True), "stop": cmd_stop}
+    sys.exit(handlers[args.command](args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""The Python gRPC client for internal callers: the low-latency path.
+
+It watches the coordinator's routing table and calls worker replicas directly (no HTTP, no
+gateway hop). Closing a stream (or cancelling the task reading it) cancels the call, and the
+worker aborts the engine request.
+
+    async with MshipClient("127.0.0.1:50051") as client:
+        reply = await client.chat("chat", [{"role": "user", "content": "hi"}], max_tokens=32)
+        async for delta in client.stream_chat("chat", messages):
+            print(delta.text, end="")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from mship.worker.v1 import worker_pb2 as pb
+from services.common.errors import ErrorDetails
+from services.common.infer import UpstreamError, open_infer
+from services.common.routes import RouteTable, RoutingWatcher
+
+SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
+
+
+class MshipError(Exception):
+    def __init__(self, details: ErrorDetails) -> None:
+        super().__init__(f"{details.code.name} {details.reason}: {details.message}")
+        self.details = details
+
+
+@dataclass
+class ChatResult:
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, str]] = field(default_factory=list)
+    finish_reason: str = ""
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+def _messages(messages: list[dict[str, Any]]) -> list[pb.ChatMessage]:
+    out = []
+    for m in messages:
+        msg = pb.ChatMessage(role=m["role"], content=m.get("content") or "", name=m.get("name", ""),
+                             tool_call_id=m.get("tool_call_id", ""))
+        for call in m.get("tool_calls") or []:
+            fn = call["function"]
+            args = fn["arguments"] if isinstance(fn["arguments"], str) else json.dumps(fn["arguments"])
+            msg.tool_calls.add(id=call.get("id", ""), name=fn["name"], arguments=args)
+        out.append(msg)
+    return out
+
+
+class MshipClient:
+    def __init__(self, coordinator: str, *, ready_timeout_s: float = 30.0) -> None:
+        self.table = RouteTable()
+        self._watcher = RoutingWatcher(coordinator, self.table, f"client-{uuid.uuid4().hex[:8]}")
+        self._ready_timeout_s = ready_timeout_s
+
+    async def __aenter__(self) -> MshipClient:
+        self._watcher.start()
+        await asyncio.wait_for(self.table.received.wait(), self._ready_timeout_s)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._watcher.stop()
+
+    def models(self) -> list[str]:
+        return sorted(self.table.routes)
+
+    def _request(self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                 sampling: dict[str, Any]) -> pb.InferRequest:
+        unknown = set(sampling) - SAMPLING_FIELDS
+        if unknown:
+            raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
+        return pb.InferRequest(
+            request_id=uuid.uuid4().hex, model=model, chat=pb.ChatInput(messages=_messages(messages)),
+            sampling=pb.SamplingParams(**sampling), parse_reasoning=True,
+            tools=[pb.Tool(name=t["function"]["name"], description=t["function"].get("description", ""),
+                           parameters_json=json.dumps(t["function"].get("parameters", {}))) for t in tools or []])
+
+    async def stream_chat(self, model: str, messages: list[dict[str, Any]], *,
+                          tools: list[dict[str, Any]] | None = None, timeout_s: float | None = None,
+                          **sampling: Any) -> AsyncIterator[pb.InferEvent]:
+        """Yield the worker's events (deltas, then one final). Leaving the loop cancels the call."""
+        if model not in self.table.routes:
+            raise MshipError(ErrorDetails(grpc.StatusCode.NOT_FOUND, f"model {model!r} is not served",
+                                          reason="MODEL_NOT_FOUND"))
+        try:
+            stream = await open_infer(self.table, model, self._request(model, messages, tools, sampling), timeout_s)
+        except UpstreamError as e:
+            raise MshipError(e.details) from e
+        try:
+            async for event in stream:
+                yield event
+        except UpstreamError as e:
+            raise MshipError(e.details) from e
+        finally:
+            stream.close()
+
+    async def chat(self, model: str, messages: list[dict[str, Any]], **kw: Any) -> ChatResult:
+        out = ChatResult()
+        async for event in self.stream_chat(model, messages, **kw):
+            if event.HasField("delta"):
+                out.text += event.delta.text
+                out.reasoning += event.delta.reasoning
+                out.tool_calls += [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                                   for c in event.delta.tool_calls]
+            else:
+                finish = event.final.choices[0].finish_reason if event.final.choices else 0
+                out.finish_reason = pb.FinishReason.Name(finish).removeprefix("FINISH_REASON_").lower()
+                u = event.final.usage
+                out.usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                             "cached_tokens": u.cached_tokens}
+        return out
+
+    async def embed(self, model: str, inputs: list[str]) -> list[list[float]]:
+        endpoints = self.table.candidates(model)
+        if not endpoints:
+            raise MshipError(ErrorDetails(grpc.StatusCode.NOT_FOUND, f"model {model!r} is not served",
+                                          reason="MODEL_NOT_FOUND"))
+        try:
+            reply = await endpoints[0].stub.Embed(pb.EmbedRequest(request_id=uuid.uuid4().hex, model=model,
+                                                                   inputs=inputs))
+        except grpc.aio.AioRpcError as e:
+            raise MshipError(ErrorDetails.from_rpc_error(e)) from e
+        return [list(e.values) for e in reply.embeddings]

@@ -1,0 +1,78 @@
+"""`mship start`: an embedded single-node Ray head with Serve and the platform's services.
+
+state (gRPC) -> coordinator (gRPC, deploys model apps) -> gateway (HTTP, N replicas on one
+SO_REUSEPORT port). Serve runs without its own proxies: every service serves its own port.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+NAMESPACE = "mship"
+STATE_APP, COORDINATOR_APP, GATEWAY_APP = "mship-state", "mship-coordinator", "mship-gateway"
+
+# Serve defaults that break on a busy small node (measured in shared/notes/ray-serve-llama.md).
+RAY_ENV = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+ENGINE_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+@dataclass
+class PlatformConfig:
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    coordinator_port: int = 50051
+    state_port: int = 50052
+    state_store: str = "memory://"
+    gateway_replicas: int = 1
+    num_cpus: int = 0  # logical CPUs for Ray; 0 = 4 per physical core (replicas are small)
+
+    @property
+    def coordinator_address(self) -> str:
+        return f"{self.host}:{self.coordinator_port}"
+
+    @property
+    def state_address(self) -> str:
+        return f"{self.host}:{self.state_port}"
+
+
+def start_platform(cfg: PlatformConfig) -> None:
+    for key, value in {**RAY_ENV, **ENGINE_ENV}.items():
+        os.environ.setdefault(key, value)
+    if cfg.host.startswith("127."):
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep Ray on loopback
+    import ray
+    from ray import serve
+    from services.gateway.deployment import GatewayDeployment
+
+    from services.coordinator.deployment import CoordinatorDeployment
+    from services.state.deployment import StateDeployment
+
+    env_vars = {k: os.environ[k] for k in (*RAY_ENV, *ENGINE_ENV, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                                            "MSHIP_CACHE_DIR", "MSHIP_REDIS_PASSWORD", "VLLM_CPU_KVCACHE_SPACE")
+                if k in os.environ}
+    ray.init(address="local", num_cpus=cfg.num_cpus or 4 * (os.cpu_count() or 2), include_dashboard=False,
+             namespace=NAMESPACE, log_to_driver=False, _node_ip_address=cfg.host if cfg.host.startswith("127.")
+             else None, runtime_env={"env_vars": env_vars})
+    serve.start(proxy_location="Disabled")
+    serve.run(StateDeployment.bind(cfg.host, cfg.state_port, cfg.state_store), name=STATE_APP, route_prefix=None)
+    serve.run(CoordinatorDeployment.bind(cfg.host, cfg.coordinator_port, cfg.state_address),
+              name=COORDINATOR_APP, route_prefix=None)
+    serve.run(GatewayDeployment.options(num_replicas=cfg.gateway_replicas).bind(
+        cfg.host, cfg.http_port, cfg.coordinator_address), name=GATEWAY_APP, route_prefix=None)
+
+
+def stop_platform() -> None:
+    import ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()

@@ -1,0 +1,157 @@
+"""models.yaml -> ModelSpec list, validated strictly: every error names the file, the key and the fix.
+
+models:
+  - name: chat                    # the OpenAI `model` id
+    model: builtin:gemma-3-270m   # builtin:NAME, a Hugging Face id or a local path
+    loader: vllm                  # vllm | llama_cpp
+    usecase: generate             # generate | embed
+    num_cpus: 0.5
+    num_gpus: 0
+    num_replicas: 1               # or autoscaling_config: {min_replicas, max_replicas, ...}
+    max_model_len: 2048
+    max_num_seqs: 16
+    engine_args: {enable_prefix_caching: true}
+    tool_parser: hermes           # hermes | none
+    reasoning_parser: think       # think | none
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import struct_pb2
+
+from mship.common.v1 import common_pb2
+from services.worker.parsers import REASONING_PARSERS, TOOL_PARSERS
+
+LOADERS = {"vllm": common_pb2.LOADER_VLLM, "llama_cpp": common_pb2.LOADER_LLAMA_CPP}
+USECASES = {"generate": common_pb2.USECASE_GENERATE, "embed": common_pb2.USECASE_EMBED}
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+AUTOSCALING_KEYS = {"min_replicas": int, "max_replicas": int, "target_ongoing_requests": float,
+                    "upscale_delay_s": float, "downscale_delay_s": float}
+MODEL_KEYS = {"name", "model", "loader", "usecase", "num_cpus", "num_gpus", "num_replicas", "autoscaling_config",
+              "max_model_len", "max_num_seqs", "engine_args", "tool_parser", "reasoning_parser"}
+
+
+class ConfigError(ValueError):
+    def __init__(self, source: str, key: str, problem: str, fix: str) -> None:
+        self.source, self.key, self.problem, self.fix = source, key, problem, fix
+        super().__init__(f"{source}: {key}: {problem}. Fix: {fix}")
+
+
+def load_model_set(path: str | Path) -> list[common_pb2.ModelSpec]:
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(source, "(file)", f"cannot read it ({e.strerror})", "pass an existing models.yaml") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(source, "(file)", f"not valid YAML ({e})", "correct the YAML syntax") from e
+    if not isinstance(data, dict) or set(data) != {"models"}:
+        raise ConfigError(source, "(top level)", "expected exactly one key, `models`",
+                          "write `models:` followed by a list of models")
+    return parse_models(data["models"], source)
+
+
+def parse_models(models: Any, source: str) -> list[common_pb2.ModelSpec]:
+    if not isinstance(models, list) or not models:
+        raise ConfigError(source, "models", "expected a non-empty list", "list at least one model under `models:`")
+    specs, seen = [], {}
+    for i, entry in enumerate(models):
+        spec = parse_model(entry, source, f"models[{i}]")
+        if spec.name in seen:
+            raise ConfigError(source, f"models[{i}].name",
+                              f"duplicate name {spec.name!r} (also models[{seen[spec.name]}])",
+                              "give every model a distinct name")
+        seen[spec.name] = i
+        specs.append(spec)
+    return specs
+
+
+def parse_model(entry: Any, source: str, where: str) -> common_pb2.ModelSpec:
+    if not isinstance(entry, dict):
+        raise ConfigError(source, where, "expected a mapping", "write `- name: ...` and `model: ...`")
+    unknown = sorted(set(entry) - MODEL_KEYS)
+    if unknown:
+        raise ConfigError(source, f"{where}.{unknown[0]}", "unknown key",
+                          f"remove it; known keys: {', '.join(sorted(MODEL_KEYS))}")
+    spec = common_pb2.ModelSpec()
+    for key in ("name", "model"):
+        value = entry.get(key)
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(source, f"{where}.{key}", "required, a non-empty string", f"set `{key}:`")
+    if not NAME_RE.match(entry["name"]):
+        raise ConfigError(source, f"{where}.name", f"{entry['name']!r} is not a valid model name",
+                          "use letters, digits and . _ : - (at most 64 characters)")
+    spec.name, spec.model = entry["name"], entry["model"]
+    spec.loader = _choice(entry, "loader", LOADERS, "vllm", source, where)
+    spec.usecase = _choice(entry, "usecase", USECASES, "generate", source, where)
+    spec.num_cpus = _number(entry, "num_cpus", float, 0.0, source, where)
+    spec.num_gpus = _number(entry, "num_gpus", float, 0.0, source, where)
+    spec.max_model_len = _number(entry, "max_model_len", int, 0, source, where)
+    spec.max_num_seqs = _number(entry, "max_num_seqs", int, 0, source, where)
+    spec.tool_parser = _choice_str(entry, "tool_parser", TOOL_PARSERS, source, where)
+    spec.reasoning_parser = _choice_str(entry, "reasoning_parser", REASONING_PARSERS, source, where)
+    if "num_replicas" in entry and "autoscaling_config" in entry:
+        raise ConfigError(source, f"{where}.num_replicas", "num_replicas and autoscaling_config exclude each other",
+                          "keep one of them")
+    spec.num_replicas = _number(entry, "num_replicas", int, 1, source, where, minimum=1)
+    if "autoscaling_config" in entry:
+        spec.autoscaling.CopyFrom(_autoscaling(entry["autoscaling_config"], source, f"{where}.autoscaling_config"))
+        spec.num_replicas = 0
+    if "engine_args" in entry:
+        args = entry["engine_args"]
+        if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+            raise ConfigError(source, f"{where}.engine_args", "expected a mapping of engine argument names",
+                              "write e.g. `engine_args: {enable_prefix_caching: true}`")
+        struct = struct_pb2.Struct()
+        struct.update(args)
+        spec.engine_args.CopyFrom(struct)
+    return spec
+
+
+def _choice(entry: dict, key: str, choices: dict[str, int], default: str, source: str, where: str) -> int:
+    value = entry.get(key, default)
+    if value not in choices:
+        raise ConfigError(source, f"{where}.{key}", f"unknown {key} {value!r}", f"use one of: {', '.join(choices)}")
+    return choices[value]
+
+
+def _choice_str(entry: dict, key: str, choices: tuple[str, ...], source: str, where: str) -> str:
+    value = entry.get(key, "")
+    if value != "" and value not in choices:
+        raise ConfigError(source, f"{where}.{key}", f"unknown {key} {value!r}", f"use one of: {', '.join(choices)}")
+    return value
+
+
+def _number(entry: dict, key: str, kind: type, default: Any, source: str, where: str, minimum: float = 0) -> Any:
+    value = entry.get(key, default)
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and (kind is float or isinstance(value, int))
+    if not ok or value < minimum:
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(source, f"{where}.{key}", f"expected {what} >= {minimum}, got {value!r}",
+                          f"set `{key}:` to {what} >= {minimum}")
+    return kind(value)
+
+
+def _autoscaling(cfg: Any, source: str, where: str) -> common_pb2.AutoscalingConfig:
+    if not isinstance(cfg, dict):
+        raise ConfigError(source, where, "expected a mapping", "write `autoscaling_config: {min_replicas: 1, ...}`")
+    unknown = sorted(set(cfg) - set(AUTOSCALING_KEYS))
+    if unknown:
+        raise ConfigError(source, f"{where}.{unknown[0]}", "unknown key",
+                          f"remove it; known keys: {', '.join(AUTOSCALING_KEYS)}")
+    out = common_pb2.AutoscalingConfig(
+        min_replicas=_number(cfg, "min_replicas", int, 1, source, where, minimum=0),
+        max_replicas=_number(cfg, "max_replicas", int, 1, source, where, minimum=1),
+        target_ongoing_requests=_number(cfg, "target_ongoing_requests", float, 2.0, source, where),
+        upscale_delay_s=_number(cfg, "upscale_delay_s", float, 1.0, source, where),
+        downscale_delay_s=_number(cfg, "downscale_delay_s", float, 30.0, source, where))
+    if out.max_replicas < out.min_replicas:
+        raise ConfigError(source, f"{where}.max_replicas", "smaller than min_replicas", "raise max_replicas")
+    return out

@@ -1,0 +1,30 @@
+"""Model versions: a fingerprint of the fields whose change needs a reload.
+
+Scale (num_replicas, autoscaling) is left out on purpose: changing it rescales the live
+deployment in place instead of starting a new version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from mship.common.v1 import common_pb2
+
+SCALE_FIELDS = ("num_replicas", "autoscaling")
+APP_PREFIX = "mship-model-"
+
+
+def version_of(spec: common_pb2.ModelSpec) -> str:
+    reload_relevant = common_pb2.ModelSpec()
+    reload_relevant.CopyFrom(spec)
+    for name in SCALE_FIELDS:
+        reload_relevant.ClearField(name)
+    data = reload_relevant.SerializeToString(deterministic=True)
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+def app_name(spec: common_pb2.ModelSpec, version: str | None = None) -> str:
+    """The Serve application of one model version: readable name + version."""
+    safe = re.sub(r"[^A-Za-z0-9-]", "-", spec.name).strip("-").lower()[:40] or "model"
+    return f"{APP_PREFIX}{safe}-{version or version_of(spec)}"

@@ -1,0 +1,70 @@
+"""Per-node load leases: replicas on one node load their models one at a time, so their memory
+spikes never overlap. A lease has a TTL and is renewed while loading; a dead loader's expires."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+
+
+@dataclass
+class NodeLease:
+    lease_id: str
+    node_id: str
+    holder: str
+    expires_at: float  # wall clock, for the wire
+    deadline: float    # monotonic, for expiry
+
+
+class LeaseManager:
+    def __init__(self) -> None:
+        self._held: dict[str, NodeLease] = {}  # node_id -> lease
+        self._by_id: dict[str, NodeLease] = {}
+        self._changed = asyncio.Condition()
+
+    def _expire(self, node_id: str) -> None:
+        lease = self._held.get(node_id)
+        if lease is not None and lease.deadline <= time.monotonic():
+            del self._held[node_id]
+            self._by_id.pop(lease.lease_id, None)
+
+    async def acquire(self, node_id: str, holder: str, ttl_s: float, wait_s: float) -> NodeLease | None:
+        deadline = time.monotonic() + max(0.0, wait_s)
+        async with self._changed:
+            while True:
+                self._expire(node_id)
+                current = self._held.get(node_id)
+                if current is None or current.holder == holder:
+                    return self._grant(node_id, holder, ttl_s, current)
+                remaining = min(deadline, current.deadline) - time.monotonic()
+                if time.monotonic() >= deadline:
+                    return None
+                try:  # woken by a release, or at the holder's expiry
+                    await asyncio.wait_for(self._changed.wait(), max(0.01, remaining))
+                except TimeoutError:
+                    pass
+
+    def _grant(self, node_id: str, holder: str, ttl_s: float, current: NodeLease | None) -> NodeLease:
+        lease_id = current.lease_id if current else uuid.uuid4().hex
+        lease = NodeLease(lease_id, node_id, holder, time.time() + ttl_s, time.monotonic() + ttl_s)
+        self._held[node_id] = self._by_id[lease_id] = lease
+        return lease
+
+    async def renew(self, lease_id: str, ttl_s: float) -> NodeLease | None:
+        async with self._changed:
+            lease = self._by_id.get(lease_id)
+            if lease is None:
+                return None
+            self._expire(lease.node_id)
+            if lease_id not in self._by_id:
+                return None
+            return self._grant(lease.node_id, lease.holder, ttl_s, lease)
+
+    async def release(self, lease_id: str) -> None:
+        async with self._changed:
+            lease = self._by_id.pop(lease_id, None)
+            if lease is not None and self._held.get(lease.node_id) is lease:
+                del self._held[lease.node_id]
+            self._changed.notify_all()

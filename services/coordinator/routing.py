@@ -1,0 +1,109 @@
+"""The routing table: model name -> live worker endpoints of its active version, versioned.
+
+Workers register and heartbeat; one that misses heartbeats leaves the table. Every change bumps
+the version and wakes the watchers (a compact push protocol in the spirit of Serve's long_poll).
+Versions start from the wall clock in milliseconds, so a restarted coordinator's versions are
+always newer than anything a subscriber holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from mship.common.v1 import common_pb2
+from mship.coordinator.v1 import coordinator_pb2 as pb
+
+
+@dataclass
+class ActiveModel:
+    version: str
+    usecase: int
+    max_model_len: int = 0
+
+
+@dataclass
+class Replica:
+    info: pb.ReplicaInfo
+    last_seen: float
+    inflight: int = 0
+
+
+class RoutingTable:
+    def __init__(self, heartbeat_timeout_s: float = 3.0) -> None:
+        self.version = int(time.time() * 1000)
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.replicas: dict[str, Replica] = {}
+        self.active: dict[str, ActiveModel] = {}  # model name -> the version that takes traffic
+        self._changed = asyncio.Condition()
+
+    # ---- mutations (each bumps the version once) -------------------------------------------
+    async def _bump(self) -> None:
+        async with self._changed:
+            self.version += 1
+            self._changed.notify_all()
+
+    async def register(self, info: pb.ReplicaInfo) -> None:
+        old = self.replicas.get(info.replica_id)
+        self.replicas[info.replica_id] = Replica(info=info, last_seen=time.monotonic())
+        if old is None or old.info != info:
+            await self._bump()
+
+    def heartbeat(self, replica_id: str, inflight: int) -> bool:
+        replica = self.replicas.get(replica_id)
+        if replica is None:
+            return False
+        replica.last_seen, replica.inflight = time.monotonic(), inflight
+        return True
+
+    async def unregister(self, replica_id: str) -> None:
+        if self.replicas.pop(replica_id, None) is not None:
+            await self._bump()
+
+    async def expire(self) -> list[str]:
+        """Drop replicas whose heartbeats stopped."""
+        cutoff = time.monotonic() - self.heartbeat_timeout_s
+        gone = [rid for rid, r in self.replicas.items() if r.last_seen < cutoff]
+        for rid in gone:
+            del self.replicas[rid]
+        if gone:
+            await self._bump()
+        return gone
+
+    async def set_active(self, name: str, model: ActiveModel | None) -> None:
+        """Route `name` to `model`'s version (None: stop routing it)."""
+        if model is None:
+            if self.active.pop(name, None) is None:
+                return
+        elif self.active.get(name) == model:
+            return
+        else:
+            self.active[name] = model
+        await self._bump()
+
+    # ---- reads -----------------------------------------------------------------------------
+    def live(self, name: str, version: str) -> list[pb.ReplicaInfo]:
+        return [r.info for r in self.replicas.values() if r.info.model == name and r.info.version == version]
+
+    def snapshot(self) -> pb.RoutingSnapshot:
+        snap = pb.RoutingSnapshot(version=self.version)
+        for name in sorted(self.active):
+            active = self.active[name]
+            replicas = sorted(self.live(name, active.version), key=lambda r: r.replica_id)
+            if not replicas:
+                snap.pending.append(name)
+                continue
+            snap.models.append(pb.ModelRoute(
+                name=name, version=active.version, usecase=active.usecase or common_pb2.USECASE_GENERATE,
+                max_model_len=active.max_model_len or replicas[0].max_model_len, replicas=replicas))
+        return snap
+
+    async def wait_newer(self, known: int, timeout_s: float) -> bool:
+        """Wait until the version passes `known`; False on timeout (time for a keepalive)."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.version > known), timeout_s)
+            except TimeoutError:
+                return False
+        return True

@@ -1,0 +1,67 @@
+"""The coordinator's only contact with Ray Serve's control API. Every call runs in a thread:
+a deploy blocks for seconds, and the coordinator's event loop must keep serving gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from mship.common.v1 import common_pb2
+from services.coordinator.fingerprint import APP_PREFIX
+
+
+@dataclass
+class AppState:
+    status: str  # DEPLOYING | RUNNING | DEPLOY_FAILED | DELETING | UNHEALTHY | NOT_STARTED
+    message: str
+    running_replicas: int
+
+
+def _apps() -> dict[str, AppState]:
+    from ray import serve
+
+    out = {}
+    for name, app in serve.status().applications.items():
+        if not name.startswith(APP_PREFIX):
+            continue
+        messages = [app.message] + [d.message for d in app.deployments.values()]
+        running = sum(d.replica_states.get("RUNNING", 0) for d in app.deployments.values())
+        status = str(getattr(app.status, "value", app.status))
+        out[name] = AppState(status, "; ".join(m for m in messages if m), running)
+    return out
+
+
+async def model_apps() -> dict[str, AppState]:
+    return await asyncio.to_thread(_apps)
+
+
+async def submit(apps: dict[str, tuple[common_pb2.ModelSpec, str]], coordinator: str) -> None:
+    """Submit model apps (name -> (spec, version)) without waiting for them to run."""
+    from ray import serve
+
+    from services.worker.deployment import worker_app
+
+    targets = [serve.RunTarget(target=worker_app(spec, version, coordinator), name=name, route_prefix=None)
+               for name, (spec, version) in apps.items()]
+    await asyncio.to_thread(serve.run_many, targets, wait_for_applications_running=False)
+
+
+async def delete(name: str) -> None:
+    from ray import serve
+
+    await asyncio.to_thread(serve.delete, name, True)
+
+
+async def wait_app(name: str, timeout_s: float, poll_s: float = 0.5) -> AppState:
+    """Poll until the app is RUNNING or failed; a missing app or a timeout count as failed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = (await model_apps()).get(name)
+        if state is None:
+            return AppState("DEPLOY_FAILED", "the application disappeared", 0)
+        if state.status in ("RUNNING", "DEPLOY_FAILED", "UNHEALTHY"):
+            return state
+        if time.monotonic() > deadline:
+            return AppState("DEPLOY_FAILED", f"not ready within {timeout_s:.0f}s; last: {state.message}", 0)
+        await asyncio.sleep(poll_s)

@@ -1,0 +1,52 @@
+"""The gateway as a Ray Serve deployment: each replica serves HTTP itself on a shared
+SO_REUSEPORT port (no Serve proxy hop) and watches the coordinator's routing table."""
+
+from __future__ import annotations
+
+import logging
+
+from ray import serve
+
+from services.common.routes import RouteTable, RoutingWatcher
+from services.gateway.app import GatewaySettings, create_app
+from services.gateway.http_server import ReusePortServer
+
+log = logging.getLogger(__name__)
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0.1},
+    max_surge_percent=100,  # the replacement listens before the old replica stops: no refused connections
+    graceful_shutdown_timeout_s=30,
+    graceful_shutdown_wait_loop_s=0.5,
+    health_check_period_s=2,
+    max_ongoing_requests=4,
+)
+class GatewayDeployment:
+    def __init__(self, host: str, port: int, coordinator: str, max_body_bytes: int | None = None) -> None:
+        settings = GatewaySettings(coordinator=coordinator)
+        if max_body_bytes:
+            settings.max_body_bytes = max_body_bytes
+        self.table = RouteTable()
+        self.watcher = RoutingWatcher(coordinator, self.table, serve.get_replica_context().replica_id.unique_id)
+
+        async def on_start() -> None:
+            self.watcher.start()
+
+        self.http = ReusePortServer(create_app(self.table, settings), host, port, on_start=on_start,
+                                    on_stop=self.watcher.stop)
+        self.http.start()
+        log.info("gateway on %s:%d (coordinator %s)", host, port, coordinator)
+
+    def check_health(self) -> None:
+        if not self.http.healthy():
+            raise RuntimeError("the gateway's HTTP server is not running")
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        return {"inflight": float(self.http.inflight)}
+
+    def routing_version(self) -> int:
+        return self.table.version
+
+    async def __del__(self) -> None:
+        await self.http.drain_and_stop()

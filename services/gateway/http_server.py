@@ -1,0 +1,109 @@
+"""uvicorn inside a Serve replica, on a socket pre-bound with SO_REUSEPORT, in its own uvloop thread.
+
+Every gateway replica on a node listens on the same port and the kernel spreads connections
+between them: plain-uvicorn latency, no Serve proxy hop (measured in shared/notes/edge-http-path.md).
+Shutdown drains: stop accepting, answer with `Connection: close` for a moment so keep-alive
+clients move to another replica, then let in-flight requests and SSE streams finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+
+import uvicorn
+
+
+class _Tracker:
+    """ASGI middleware: counts in-flight requests; while draining, adds `Connection: close`."""
+
+    def __init__(self, app, owner: ReusePortServer) -> None:
+        self.app, self.owner = app, owner
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        owner = self.owner
+        owner.inflight += 1
+
+        async def tracked_send(message):
+            if message["type"] == "http.response.start" and owner.draining:
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked_send)
+        finally:
+            owner.inflight -= 1
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock  # asyncio's create_server() calls listen() on it
+
+
+class ReusePortServer:
+    def __init__(self, app, host: str, port: int, *, on_start: Callable[[], Awaitable[None]] | None = None,
+                 on_stop: Callable[[], Awaitable[None]] | None = None, drain_s: float = 2.0,
+                 graceful_s: float = 20.0) -> None:
+        self.inflight = 0
+        self.draining = False
+        self.drain_s = drain_s
+        self.sock = reuseport_socket(host, port)
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(
+            _Tracker(app, self), http="httptools", loop="none", lifespan="off", access_log=False,
+            log_level="warning", timeout_keep_alive=30, timeout_graceful_shutdown=graceful_s))
+        self.server.install_signal_handlers = lambda: None  # not the main thread
+        self._on_start, self._on_stop = on_start, on_stop
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Return once uvicorn listens (a failed bind must fail the replica's constructor)."""
+        def run() -> None:
+            import uvloop
+
+            self.loop = uvloop.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            if self._on_start is not None:
+                self.loop.run_until_complete(self._on_start())
+            self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
+            if self._on_stop is not None:
+                self.loop.run_until_complete(self._on_stop())
+
+        self._thread = threading.Thread(target=run, name="gateway-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the gateway's HTTP server failed to start")
+            time.sleep(0.01)
+
+    def healthy(self) -> bool:
+        return not self.server.should_exit and self._thread is not None and self._thread.is_alive()
+
+    def run_coroutine(self, coro) -> object:
+        """Run `coro` on the server's loop from another thread; returns its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    async def drain_and_stop(self) -> None:
+        self.draining = True
+        if self.loop is None or self._thread is None:
+            return
+
+        def close_listeners() -> None:
+            for server in getattr(self.server, "servers", []):
+                server.close()
+
+        self.loop.call_soon_threadsafe(close_listeners)
+        await asyncio.sleep(self.drain_s)
+        self.server.should_exit = True
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30)

@@ -1,0 +1,51 @@
+"""The gateway's OpenAI protocol layer: wire models, their worker requests, and the OpenAI
+response objects built from worker events. Pure functions and classes; no I/O.
+
+- `chat`: `/v1/chat/completions`
+- `completions`: `/v1/completions`
+- `common`: strict wire types, sampling fields, usage, finish reasons, logprobs, ids, SSE framing
+"""
+
+from __future__ import annotations
+
+from mship.worker.v1 import worker_pb2 as pb
+from services.gateway.protocol import chat, completions
+from services.gateway.protocol.chat import (
+    ChatCompletionAssembler,
+    ChatCompletionRequest,
+    ChatStreamEncoder,
+    parse_chat_request,
+)
+from services.gateway.protocol.common import SSE_DONE, finish_reason, new_id, now, sse_event, usage_dict
+from services.gateway.protocol.completions import (
+    CompletionAssembler,
+    CompletionRequest,
+    CompletionStreamEncoder,
+    parse_completion_request,
+)
+
+
+def to_infer_request(req: ChatCompletionRequest | CompletionRequest, *, request_id: str,
+                     cache_salt: str | None) -> pb.InferRequest:
+    """The worker request for either endpoint's validated request."""
+    module = chat if isinstance(req, ChatCompletionRequest) else completions
+    return module.to_infer_request(req, request_id=request_id, cache_salt=cache_salt)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "SSE_DONE",
+    "ChatCompletionAssembler",
+    "ChatCompletionRequest",
+    "ChatStreamEncoder",
+    "CompletionAssembler",
+    "CompletionRequest",
+    "CompletionStreamEncoder",
+    "finish_reason",
+    "new_id",
+    "now",
+    "parse_chat_request",
+    "parse_completion_request",
+    "sse_event",
+    "to_infer_request",
+    "usage_dict",
+]

@@ -1,0 +1,534 @@
+"""`/v1/chat/completions`: the request as OpenAI (plus vLLM's sampling extras) accepts it, its
+`pb.InferRequest`, and the `chat.completion` / `chat.completion.chunk` objects built from the
+worker's `pb.InferEvent`s.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, PlainValidator, model_validator
+
+from mship.worker.v1 import worker_pb2 as pb
+from services.gateway.errors import internal_error
+from services.gateway.protocol.common import (
+    INT32_MAX,
+    Bool,
+    Int,
+    SamplingFields,
+    Str,
+    WireModel,
+    all_cancelled,
+    bad_value,
+    build_request,
+    by_field,
+    by_type,
+    chat_logprobs,
+    finish_reason,
+    invalid,
+    missing,
+    new_id,
+    now,
+    parse_body,
+    sampling_params,
+    tagged,
+    usage_dict,
+)
+
+# ---- wire models: content parts and messages ---------------------------------------------------
+
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function and json_schema names
+ROLES = ("system", "developer", "user", "assistant", "tool")
+_UNSUPPORTED_PARTS = {"input_audio": "Audio input", "file": "File input"}
+
+
+class ImageURL(WireModel):
+    url: Str
+    detail: Literal["auto", "low", "high", "original"] | None = None
+
+
+class TextPart(WireModel):
+    type: Literal["text"]
+    text: Str
+    prompt_cache_breakpoint: dict[Str, Any] | None = None  # accepted and ignored
+
+
+class ImagePart(WireModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
+    prompt_cache_breakpoint: dict[Str, Any] | None = None
+
+
+class RefusalPart(WireModel):
+    type: Literal["refusal"]
+    refusal: Str
+
+
+def _refuse_part(allowed: tuple[str, ...]) -> Any:
+    def check(value: dict[str, Any]) -> Any:
+        kind = value.get("type")
+        if kind is None:
+            raise missing("type")
+        if kind in _UNSUPPORTED_PARTS:
+            raise invalid("type", f"{_UNSUPPORTED_PARTS[kind]} ('{kind}' content parts) is not supported by this "
+                          "server.", kind)
+        raise bad_value("type", kind, allowed)
+    return Annotated[Any, PlainValidator(check)]
+
+
+def _content(*allowed: str) -> Any:
+    """`content`: a string, or a non-empty array of the `allowed` part types."""
+    kinds = {"text": TextPart, "image_url": ImagePart, "refusal": RefusalPart}
+    part = tagged(by_field("type", allowed), {**{k: kinds[k] for k in allowed}, "other": _refuse_part(allowed)},
+                  "an object")
+    return tagged(by_type, {"str": Str, "list": Annotated[list[part], Field(min_length=1)]},
+                  "a string or an array of content parts")
+
+
+TextContent = _content("text")
+
+
+class SystemMessage(WireModel):
+    role: Literal["system"]
+    content: TextContent
+    name: Str | None = None
+
+
+class DeveloperMessage(WireModel):
+    role: Literal["developer"]
+    content: TextContent
+    name: Str | None = None
+
+
+class UserMessage(WireModel):
+    role: Literal["user"]
+    content: _content("text", "image_url")
+    name: Str | None = None
+
+
+class FunctionCall(WireModel):
+    name: Str
+    arguments: Str
+
+
+class ToolCallParam(WireModel):
+    id: Str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class AssistantMessage(WireModel):
+    role: Literal["assistant"]
+    content: _content("text", "refusal") | None = None
+    refusal: Str | None = None
+    name: Str | None = None
+    tool_calls: list[ToolCallParam] | None = None
+    # vLLM: earlier reasoning, for templates that render it (either name, as vLLM accepts)
+    reasoning: Str | None = None
+    reasoning_content: Str | None = None
+    audio: Any = None  # refused when set
+    function_call: Any = None  # deprecated; refused when set
+
+    @model_validator(mode="after")
+    def _refuse(self) -> AssistantMessage:
+        if self.audio is not None:
+            raise invalid("audio", "Audio in assistant messages is not supported by this server.", self.audio)
+        if self.function_call is not None:
+            raise invalid("function_call", "'function_call' is deprecated and not supported; use 'tool_calls'.",
+                          self.function_call)
+        return self
+
+
+class ToolMessage(WireModel):
+    role: Literal["tool"]
+    content: TextContent
+    tool_call_id: Str
+
+
+def _refuse_role(value: dict[str, Any]) -> Any:
+    if "role" not in value:
+        raise missing("role")
+    if value["role"] == "function":
+        raise invalid("role", "The 'function' role is deprecated and not supported; use 'tool' messages that "
+                      "answer the assistant's 'tool_calls'.", "function")
+    raise bad_value("role", value["role"], ROLES)
+
+
+Message = tagged(by_field("role", ROLES), {
+    "system": SystemMessage, "developer": DeveloperMessage, "user": UserMessage, "assistant": AssistantMessage,
+    "tool": ToolMessage, "other": Annotated[Any, PlainValidator(_refuse_role)]}, "an object")
+
+# ---- wire models: tools, response format -------------------------------------------------------
+
+
+class FunctionDefinition(WireModel):
+    name: Annotated[Str, Field(pattern=NAME_PATTERN)]
+    description: Str | None = None
+    parameters: dict[Str, Any] | None = None
+    strict: Bool | None = None  # accepted; arguments are not schema-constrained
+
+
+class FunctionTool(WireModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(WireModel):
+    name: Str
+
+
+class NamedToolChoice(WireModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+def _refuse_tool_choice(value: dict[str, Any]) -> Any:
+    kind = value.get("type")
+    if kind in ("allowed_tools", "custom"):
+        raise invalid("type", f"tool_choice of type '{kind}' is not supported by this server.", kind)
+    raise missing("type") if kind is None else bad_value("type", kind, ("function",))
+
+
+ToolChoice = tagged(by_type, {
+    "str": Literal["none", "auto", "required"],
+    "dict": tagged(by_field("type", ("function",)), {
+        "function": NamedToolChoice, "other": Annotated[Any, PlainValidator(_refuse_tool_choice)]}, "an object"),
+}, "a string or an object")
+
+
+class JSONSchemaFormat(WireModel):
+    name: Annotated[Str, Field(pattern=NAME_PATTERN)]
+    description: Str | None = None
+    schema_: dict[Str, Any] | None = Field(None, alias="schema")
+    strict: Bool | None = None
+
+
+class TextFormat(WireModel):
+    type: Literal["text"]
+
+
+class JSONObjectFormat(WireModel):
+    type: Literal["json_object"]
+
+
+class JSONSchemaResponseFormat(WireModel):
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaFormat
+
+
+_FORMATS = ("text", "json_object", "json_schema")
+
+
+def _refuse_format(value: dict[str, Any]) -> Any:
+    raise missing("type") if value.get("type") is None else bad_value("type", value["type"], _FORMATS)
+
+
+ResponseFormat = tagged(by_field("type", _FORMATS), {
+    "text": TextFormat, "json_object": JSONObjectFormat, "json_schema": JSONSchemaResponseFormat,
+    "other": Annotated[Any, PlainValidator(_refuse_format)]}, "an object")
+
+
+class Prediction(WireModel):
+    type: Literal["content"]
+    content: TextContent
+
+
+# ---- wire models: the request ------------------------------------------------------------------
+
+# Fields OpenAI accepts that ask for something this server cannot do: refused when not null.
+_REFUSED = {
+    "audio": "Audio output is not supported by this server.",
+    "web_search_options": "Web search is not supported by this server.",
+    "moderation": "Moderation is not supported by this server.",
+    "functions": "'functions' is deprecated and not supported; use 'tools'.",
+    "function_call": "'function_call' is deprecated and not supported; use 'tool_choice'.",
+}
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
+    logprobs: Bool | None = None
+    top_logprobs: Int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: Bool | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    # accepted and ignored: they change nothing this server does
+    metadata: dict[Str, Str] | None = None
+    store: Bool | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
+    prediction: Prediction | None = None  # a latency hint only; the output does not depend on it
+    verbosity: Literal["low", "medium", "high"] | None = None
+    prompt_cache_key: Str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: dict[Str, Any] | None = None
+    safety_identifier: Str | None = None
+    # refused when set (see _REFUSED)
+    audio: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
+    functions: Any = None
+    function_call: Any = None
+    # vLLM's chat extras
+    chat_template_kwargs: dict[Str, Any] | None = None
+    continue_final_message: Bool | None = None
+
+    @property
+    def effective_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @model_validator(mode="after")
+    def _check_chat(self) -> ChatCompletionRequest:
+        for name, message in _REFUSED.items():
+            if getattr(self, name) is not None:
+                raise invalid(name, message, getattr(self, name))
+        if self.modalities and any(m != "text" for m in self.modalities):
+            raise invalid("modalities", "Only 'text' output is supported by this server.", self.modalities)
+        if self.top_logprobs is not None and not self.logprobs:
+            raise invalid("top_logprobs", "Invalid 'top_logprobs': 'logprobs' must be set to true when "
+                          "'top_logprobs' is used.", self.top_logprobs)
+        names = [t.function.name for t in self.tools or []]
+        choice = self.tool_choice
+        if choice not in (None, "none", "auto") and not names:
+            raise invalid("tool_choice", "Invalid 'tool_choice': 'tool_choice' is only allowed when 'tools' are "
+                          "specified.", choice if isinstance(choice, str) else None)
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise invalid("tool_choice", f"Invalid 'tool_choice': the function '{choice.function.name}' is not "
+                          "in 'tools'.", choice.function.name)
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise invalid("continue_final_message", "'continue_final_message' needs the last message to be "
+                          "an assistant message.", True)
+        return self
+
+
+def parse_chat_request(body: bytes | str | dict[str, Any]) -> ChatCompletionRequest:
+    """The request, or OpenAIError 400 (bad JSON, unknown field, wrong type, bad value)."""
+    return parse_body(ChatCompletionRequest, body)
+
+
+# ---- request conversion ------------------------------------------------------------------------
+
+_TOOL_MODES = {None: pb.TOOL_CHOICE_MODE_UNSPECIFIED, "auto": pb.TOOL_CHOICE_MODE_AUTO,
+               "none": pb.TOOL_CHOICE_MODE_NONE, "required": pb.TOOL_CHOICE_MODE_REQUIRED}
+
+
+def _parts(parts: list[Any]) -> pb.ContentParts:
+    out = pb.ContentParts()
+    for part in parts:
+        if isinstance(part, ImagePart):
+            out.parts.add(image_url=part.image_url.url)
+        else:  # text, or an assistant's refusal: both are text the model said or reads
+            out.parts.add(text=part.text if isinstance(part, TextPart) else part.refusal)
+    return out
+
+
+def _message(m: Any) -> pb.ChatMessage:
+    out = pb.ChatMessage(role=m.role, name=getattr(m, "name", None) or "")
+    content = m.content
+    if isinstance(m, AssistantMessage):
+        content = content if content is not None else m.refusal
+        out.reasoning = m.reasoning or m.reasoning_content or ""
+        out.tool_calls.extend(pb.ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments)
+                              for c in m.tool_calls or [])
+    if isinstance(m, ToolMessage):
+        out.tool_call_id = m.tool_call_id
+    if isinstance(content, str):
+        out.content = content
+    elif content is not None:
+        out.parts.CopyFrom(_parts(content))
+    return out
+
+
+def _response_format(fmt: Any) -> pb.ResponseFormat | None:
+    if fmt is None:
+        return None
+    if isinstance(fmt, JSONSchemaResponseFormat):
+        spec = fmt.json_schema
+        return pb.ResponseFormat(json_schema=pb.JsonSchema(
+            name=spec.name, schema_json=json.dumps(spec.schema_ or {}), strict=bool(spec.strict)))
+    return pb.ResponseFormat(json_object=True) if isinstance(fmt, JSONObjectFormat) else pb.ResponseFormat(text=True)
+
+
+def _tool_choice(choice: Any) -> pb.ToolChoice:
+    if isinstance(choice, NamedToolChoice):
+        return pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_FUNCTION, function_name=choice.function.name)
+    return pb.ToolChoice(mode=_TOOL_MODES[choice])
+
+
+def _template_kwargs(req: ChatCompletionRequest) -> str:
+    """Like vLLM: reasoning_effort reaches the template (and turns thinking on or off) unless the
+    caller's chat_template_kwargs say otherwise."""
+    kwargs: dict[str, Any] = {}
+    if req.reasoning_effort is not None:
+        kwargs = {"reasoning_effort": req.reasoning_effort, "enable_thinking": req.reasoning_effort != "none"}
+    kwargs.update(req.chat_template_kwargs or {})
+    return json.dumps(kwargs) if kwargs else ""
+
+
+def to_infer_request(req: ChatCompletionRequest, *, request_id: str, cache_salt: str | None) -> pb.InferRequest:
+    """The worker request for a validated chat request; `cache_salt` comes from the caller's identity."""
+    return build_request(lambda: pb.InferRequest(
+        request_id=request_id, model=req.model,
+        chat=pb.ChatInput(messages=[_message(m) for m in req.messages],
+                          continue_final_message=bool(req.continue_final_message),
+                          chat_template_kwargs_json=_template_kwargs(req)),
+        sampling=sampling_params(req, logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs),
+        tools=[pb.Tool(name=t.function.name, description=t.function.description or "",
+                       parameters_json=json.dumps(t.function.parameters) if t.function.parameters is not None
+                       else "") for t in req.tools or []],
+        tool_choice=_tool_choice(req.tool_choice),
+        parallel_tool_calls=req.parallel_tool_calls is not False,  # OpenAI's default is true
+        response_format=_response_format(req.response_format),
+        cache_salt=cache_salt or "", parse_reasoning=True))
+
+
+# ---- responses -----------------------------------------------------------------------------------
+
+class _Choice:
+    """One choice's output so far."""
+
+    def __init__(self) -> None:
+        self.text, self.reasoning = "", ""
+        self.calls: dict[int, dict[str, str]] = {}  # call index -> id, name, arguments
+        self.logprobs: list[pb.TokenLogprob] = []
+
+    def add(self, delta: pb.Delta) -> None:
+        self.text += delta.text
+        self.reasoning += delta.reasoning
+        self.logprobs.extend(delta.logprobs)
+        for c in delta.tool_calls:
+            call = self.calls.setdefault(c.index, {"id": "", "name": "", "arguments": ""})
+            call["id"] = call["id"] or c.id
+            call["name"] = call["name"] or c.name
+            call["arguments"] += c.arguments
+
+
+class ChatCompletionAssembler:
+    """Builds the non-streamed `chat.completion` from the worker's events: `add` each event, then
+    `result()` (raises OpenAIError if the engine failed or no final event came)."""
+
+    def __init__(self, model: str, *, n: int = 1, logprobs: bool = False, completion_id: str | None = None,
+                 created: int | None = None) -> None:
+        self.model, self.logprobs = model, logprobs
+        self.id, self.created = completion_id or new_id("chatcmpl"), created if created is not None else now()
+        self.choices = {i: _Choice() for i in range(n)}
+        self.final: pb.Final | None = None
+
+    @classmethod
+    def for_request(cls, req: ChatCompletionRequest, **kw: Any) -> ChatCompletionAssembler:
+        return cls(req.model, n=req.n or 1, logprobs=bool(req.logprobs), **kw)
+
+    def add(self, event: pb.InferEvent) -> None:
+        if event.HasField("final"):
+            self.final = event.final
+        elif event.HasField("delta"):
+            self.choices.setdefault(event.delta.index, _Choice()).add(event.delta)
+
+    @property
+    def cancelled(self) -> bool:
+        """Every choice ended by Cancel (the route may prefer 499 to a partial answer)."""
+        return all_cancelled(self.final)
+
+    def result(self) -> dict[str, Any]:
+        if self.final is None:
+            raise internal_error()
+        finishes = {c.index: c.finish_reason for c in self.final.choices}
+        choices = []
+        for index in sorted(self.choices.keys() | finishes.keys()):
+            state = self.choices.get(index, _Choice())
+            reason = finish_reason(finishes.get(index, pb.FINISH_REASON_STOP))
+            calls = [{"id": c["id"] or new_id("call"), "type": "function",
+                      "function": {"name": c["name"], "arguments": c["arguments"]}}
+                     for _, c in sorted(state.calls.items())]
+            message: dict[str, Any] = {"role": "assistant", "content": state.text or (None if calls else ""),
+                                       "refusal": None, "annotations": []}
+            if calls:
+                message["tool_calls"] = calls
+            if state.reasoning:
+                message["reasoning_content"] = message["reasoning"] = state.reasoning
+            choices.append({"index": index, "message": message, "finish_reason": reason,
+                            "logprobs": {"content": chat_logprobs(state.logprobs), "refusal": None}
+                            if self.logprobs else None})
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "choices": choices, "usage": usage_dict(self.final.usage), "service_tier": None,
+                "system_fingerprint": None}
+
+
+class ChatStreamEncoder:
+    """Turns each worker event into the `chat.completion.chunk` dicts OpenAI would stream: a role
+    chunk opens each choice, deltas follow, a chunk with `finish_reason` closes it, and with
+    `include_usage` a last chunk with no choices carries the usage (other chunks have `usage: null`).
+    Frame each with `sse_event`, then send `SSE_DONE`. A failed choice raises OpenAIError: send its
+    `body()` as an event, the way OpenAI reports errors mid-stream."""
+
+    def __init__(self, model: str, *, include_usage: bool = False, logprobs: bool = False,
+                 completion_id: str | None = None, created: int | None = None) -> None:
+        self.model, self.include_usage, self.logprobs = model, include_usage, logprobs
+        self.id, self.created = completion_id or new_id("chatcmpl"), created if created is not None else now()
+        self.started: set[int] = set()
+        self.call_ids: dict[tuple[int, int], str] = {}  # (choice, call index) -> id, once announced
+
+    @classmethod
+    def for_request(cls, req: ChatCompletionRequest, **kw: Any) -> ChatStreamEncoder:
+        return cls(req.model, include_usage=req.include_usage, logprobs=bool(req.logprobs), **kw)
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        out = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+               "choices": choices, "service_tier": None, "system_fingerprint": None}
+        if self.include_usage:
+            out["usage"] = usage
+        return out
+
+    def _choice(self, index: int, delta: dict[str, Any], *, logprobs: Any = None,
+                finish: str | None = None) -> dict[str, Any]:
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+    def _open(self, index: int) -> list[dict[str, Any]]:
+        """Role chunks for `index` and any lower choice not yet opened: the openai SDK's stream
+        helper needs choices to appear in index order."""
+        out = []
+        for i in range(index + 1):
+            if i not in self.started:
+                self.started.add(i)
+                out.append(self.chunk([self._choice(i, {"role": "assistant", "content": ""})]))
+        return out
+
+    def _tool_calls(self, index: int, calls: Any) -> list[dict[str, Any]]:
+        out = []
+        for c in calls:
+            key = (index, c.index)
+            if key in self.call_ids:
+                out.append({"index": c.index, "function": {"arguments": c.arguments}})
+            else:
+                self.call_ids[key] = c.id or new_id("call")
+                out.append({"index": c.index, "id": self.call_ids[key], "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments}})
+        return out
+
+    def encode(self, event: pb.InferEvent) -> list[dict[str, Any]]:
+        if event.HasField("delta"):
+            d = event.delta
+            out = self._open(d.index)
+            delta: dict[str, Any] = {}
+            if d.reasoning:  # both names: vLLM's current `reasoning`, and the `reasoning_content` many clients read
+                delta["reasoning_content"] = delta["reasoning"] = d.reasoning
+            if d.text or not (d.reasoning or d.tool_calls):
+                delta["content"] = d.text
+            if d.tool_calls:
+                delta["tool_calls"] = self._tool_calls(d.index, d.tool_calls)
+            logprobs = {"content": chat_logprobs(d.logprobs), "refusal": None} if self.logprobs else None
+            return [*out, self.chunk([self._choice(d.index, delta, logprobs=logprobs)])]
+        if not event.HasField("final"):
+            return []
+        out = []
+        for c in sorted(event.final.choices, key=lambda c: c.index):
+            reason = finish_reason(c.finish_reason)
+            out += self._open(c.index)
+            out.append(self.chunk([self._choice(c.index, {}, finish=reason)]))
+        if self.include_usage:
+            out.append(self.chunk([], usage_dict(event.final.usage)))
+        return out

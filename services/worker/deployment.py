@@ -1,0 +1,82 @@
+"""The worker as a Ray Serve deployment: one per model version, any number of replicas.
+
+Each replica starts the worker's own grpc.aio server on its node (ephemeral port), loads and warms
+the engine, then registers the endpoint with the coordinator. Tokens never pass through Serve:
+the gateway calls this server directly. Serve owns placement, replica counts, health-driven
+restarts and rolling replacement.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+from ray import serve
+
+from mship.common.v1 import common_pb2
+from mship.coordinator.v1 import coordinator_pb2 as cpb
+from services.worker.registration import Registrar
+from services.worker.server import WorkerServer, start_worker_server
+
+log = logging.getLogger(__name__)
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0.5},
+    health_check_period_s=2,
+    health_check_timeout_s=10,
+    graceful_shutdown_timeout_s=30,
+    graceful_shutdown_wait_loop_s=0.5,
+    max_ongoing_requests=4,  # Serve handle calls are control only (health, stats)
+)
+class WorkerDeployment:
+    async def __init__(self, spec_bytes: bytes, version: str, coordinator: str) -> None:
+        spec = common_pb2.ModelSpec.FromString(spec_bytes)
+        context = serve.get_replica_context()
+        host = ray.util.get_node_ip_address()
+        self.server: WorkerServer = await start_worker_server(spec, host=host, port=0)
+        await self.server.host.wait_ready()  # raises on a failed load: Serve reports the replica failed
+        engine = self.server.host.engine
+        replica = cpb.ReplicaInfo(
+            replica_id=context.replica_id.unique_id, model=spec.name, version=version,
+            endpoint=common_pb2.Endpoint(host=host, port=self.server.port),
+            node_id=ray.get_runtime_context().get_node_id(), pid=os.getpid(),
+            max_model_len=engine.max_model_len if engine else 0, spec=spec)
+        self.registrar = Registrar(coordinator, replica, inflight=lambda: len(self.server.servicer.inflight))
+        await self.registrar.start()
+        log.info("worker %s (%s) serving on %s:%d", spec.name, version, host, self.server.port)
+
+    async def check_health(self) -> None:
+        """Serve restarts a replica whose engine died (without this it would stay RUNNING, broken)."""
+        if not await self.server.host.check():
+            raise RuntimeError("the engine is not healthy")
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Traffic bypasses Serve, so autoscaling is fed the worker's own in-flight calls."""
+        return {"inflight": float(len(self.server.servicer.inflight))}
+
+    def address(self) -> str:
+        return f"{self.registrar.replica.endpoint.host}:{self.server.port}"
+
+    async def __del__(self) -> None:
+        # Leave routing first so no new call arrives, then let in-flight streams finish.
+        await self.registrar.stop()
+        await self.server.stop(grace_s=25.0)
+
+
+def worker_app(spec: common_pb2.ModelSpec, version: str, coordinator: str):
+    """The Serve application of one model version (replica count and resources from the spec)."""
+    options: dict = {"name": "worker", "version": version,
+                     "ray_actor_options": {"num_cpus": spec.num_cpus or 0.5, "num_gpus": spec.num_gpus}}
+    if spec.HasField("autoscaling"):
+        a = spec.autoscaling
+        options["autoscaling_config"] = {
+            "min_replicas": a.min_replicas, "max_replicas": a.max_replicas,
+            "target_ongoing_requests": a.target_ongoing_requests or 2.0,
+            "upscale_delay_s": a.upscale_delay_s, "downscale_delay_s": a.downscale_delay_s,
+            "metrics_interval_s": 0.5, "look_back_period_s": 2.0,
+            "policy": {"policy_function": "services.worker.autoscaling:inflight_policy"}}
+    else:
+        options["num_replicas"] = spec.num_replicas or 1
+    return WorkerDeployment.options(**options).bind(spec.SerializeToString(), version, coordinator)
