@@ -148,14 +148,22 @@ def cmd_start(args: argparse.Namespace) -> int:
                          state_port=args.state_port, gateway_replicas=args.gateway_replicas,
                          state_store=args.state_store or os.environ.get("MSHIP_STATE_STORE", "memory://"))
     stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     pid = pidfile()
     pid.parent.mkdir(parents=True, exist_ok=True)
     pid.write_text(str(os.getpid()))
     try:
         t0 = time.monotonic()
         start_platform(cfg)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # ray.init installs its own handlers: ours win
+            signal.signal(sig, on_signal)
+        if stop.is_set():
+            return EXIT_OK
         print(f"mship platform up in {time.monotonic() - t0:.1f}s: coordinator {cfg.coordinator_address}, "
               f"state {cfg.state_address}", flush=True)
         args.coordinator, args.reconcile, args.wait = cfg.coordinator_address, args.config is not None, True

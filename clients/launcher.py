@@ -6,6 +6,7 @@ SO_REUSEPORT port). Serve runs without its own proxies: every service serves its
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -68,11 +69,22 @@ def start_platform(cfg: PlatformConfig) -> None:
         cfg.host, cfg.http_port, cfg.coordinator_address), name=GATEWAY_APP, route_prefix=None)
 
 
-def stop_platform() -> None:
+def stop_platform(grace_s: float = 10.0) -> None:
+    """Stop Serve and Ray, then end any process of ours that outlived them (Ray's agents can)."""
+    import psutil
     import ray
     from ray import serve
 
+    ours = psutil.Process().children(recursive=True)
     try:
         serve.shutdown()
     finally:
         ray.shutdown()
+    alive = [p for p in ours if p.is_running()]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, still = psutil.wait_procs(alive, timeout=grace_s)
+    for p in still:
+        with contextlib.suppress(psutil.Error):
+            p.kill()

@@ -60,7 +60,8 @@ async def open_infer(table: RouteTable, model: str, request: pb.InferRequest,
             endpoint.outstanding -= 1
             last = ErrorDetails.from_rpc_error(e)
             if e.code() in RETRY_ELSEWHERE:
-                table.mark_bad(endpoint)
+                if e.code() == grpc.StatusCode.UNAVAILABLE:  # unreachable; a busy replica stays in rotation
+                    table.mark_bad(endpoint)
                 continue
             raise UpstreamError(last) from e
         except BaseException:  # cancelled while waiting (client gone): cancel the engine work too

@@ -28,13 +28,14 @@ class GatewayDeployment:
         if max_body_bytes:
             settings.max_body_bytes = max_body_bytes
         self.table = RouteTable()
-        self.watcher = RoutingWatcher(coordinator, self.table, serve.get_replica_context().replica_id.unique_id)
+        replica_id = serve.get_replica_context().replica_id.unique_id
+        self.watcher = RoutingWatcher(coordinator, self.table, replica_id)
 
         async def on_start() -> None:
             self.watcher.start()
 
         self.http = ReusePortServer(create_app(self.table, settings), host, port, on_start=on_start,
-                                    on_stop=self.watcher.stop)
+                                    on_stop=self.watcher.stop, server_id=replica_id)
         self.http.start()
         log.info("gateway on %s:%d (coordinator %s)", host, port, coordinator)
 

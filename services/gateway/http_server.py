@@ -18,10 +18,12 @@ import uvicorn
 
 
 class _Tracker:
-    """ASGI middleware: counts in-flight requests; while draining, adds `Connection: close`."""
+    """ASGI middleware: counts in-flight requests, names the serving replica (`x-mship-gateway`),
+    and while draining adds `Connection: close` so keep-alive clients reconnect elsewhere."""
 
     def __init__(self, app, owner: ReusePortServer) -> None:
         self.app, self.owner = app, owner
+        self.header = (b"x-mship-gateway", owner.server_id.encode())
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -30,8 +32,9 @@ class _Tracker:
         owner.inflight += 1
 
         async def tracked_send(message):
-            if message["type"] == "http.response.start" and owner.draining:
-                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            if message["type"] == "http.response.start":
+                extra = [self.header, (b"connection", b"close")] if owner.draining else [self.header]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
         try:
@@ -51,7 +54,8 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
 class ReusePortServer:
     def __init__(self, app, host: str, port: int, *, on_start: Callable[[], Awaitable[None]] | None = None,
                  on_stop: Callable[[], Awaitable[None]] | None = None, drain_s: float = 2.0,
-                 graceful_s: float = 20.0) -> None:
+                 graceful_s: float = 20.0, server_id: str = "") -> None:
+        self.server_id = server_id
         self.inflight = 0
         self.draining = False
         self.drain_s = drain_s

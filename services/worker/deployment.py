@@ -67,7 +67,7 @@ class WorkerDeployment:
 
 def worker_app(spec: common_pb2.ModelSpec, version: str, coordinator: str):
     """The Serve application of one model version (replica count and resources from the spec)."""
-    options: dict = {"name": "worker", "version": version,
+    options: dict = {"name": "worker",
                      "ray_actor_options": {"num_cpus": spec.num_cpus or 0.5, "num_gpus": spec.num_gpus}}
     if spec.HasField("autoscaling"):
         a = spec.autoscaling

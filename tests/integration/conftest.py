@@ -1,4 +1,5 @@
-"""One real vLLM worker (builtin:tiny-qwen2) per test session, in its own process, like production."""
+"""Session fixtures: one real vLLM worker (builtin:tiny-qwen2) in its own process, and one real platform
+(`mship start`: Ray, Serve, coordinator, state, two gateway replicas, a tiny-qwen2 worker deployment)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from mship.worker.v1 import worker_pb2_grpc
 from services.worker.process import WorkerProcess
+from tests.platform_process import PlatformProcess
 
 TINY = "tiny"
 # Two engine slots: a third request queues, which lets a test cancel a request before its first
@@ -39,3 +41,27 @@ def worker(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 async def stub(worker: WorkerProcess) -> AsyncIterator[worker_pb2_grpc.WorkerStub]:
     async with grpc.aio.insecure_channel(worker.address) as channel:
         yield worker_pb2_grpc.WorkerStub(channel)
+
+
+PLATFORM_MODELS = """\
+models:
+  - name: tiny
+    model: builtin:tiny-qwen2
+    max_model_len: 1024
+    max_num_seqs: 2
+    num_cpus: 0.5
+"""
+
+
+@pytest.fixture(scope="session")
+def platform(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformProcess]:
+    """`mship start` with two gateway replicas and builtin:tiny-qwen2 as `tiny`."""
+    home = Path(tmp_path_factory.mktemp("platform"))
+    config = home / "models.yaml"
+    config.write_text(PLATFORM_MODELS)
+    proc = PlatformProcess.start(config, home / "mship.log", gateway_replicas=2)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()

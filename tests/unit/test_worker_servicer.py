@@ -1,84 +1,27 @@
 """The servicer around the engine (validation, parsing, finish reasons, Cancel, admission), on a
-real grpc.aio server with an in-process engine double. Engine behaviour itself is proven on real
-vLLM in tests/integration."""
+real grpc.aio server with an in-process engine double (tests/engine_double.py). Engine behaviour
+itself is proven on real vLLM in tests/integration."""
 
 from __future__ import annotations
-
-import asyncio
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
-from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 from services.common.errors import ErrorDetails
-from services.worker.engine import ChoiceDelta, Engine, EngineStats, Prompt, RenderRequest, StepOutput
-from services.worker.host import ModelHost
-from services.worker.server import SERVER_OPTIONS
-from services.worker.servicer import WorkerServicer
+from tests.engine_double import ScriptedEngine, serve_worker
 from tests.worker_calls import chat, collect, read_rest
 
 TOOL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
-class ScriptedEngine(Engine):
-    """Answers every prompt with `script`, one chunk per step; `hold` parks it before finishing."""
-
-    def __init__(self, script: list[str], max_model_len: int = 64) -> None:
-        self.script, self.max_model_len = script, max_model_len
-        self.aborted: set[str] = set()
-        self.hold = asyncio.Event()
-        self.hold.set()
-        self.fail = False
-
-    async def render(self, req: RenderRequest) -> Prompt:
-        words = " ".join(m["content"] for m in req.messages or []) if req.messages else (req.prompt or "")
-        return Prompt(token_ids=list(range(len(words.split()))), engine_input=None)
-
-    async def generate(self, prompt, sampling, request_id, priority=0) -> AsyncIterator[StepOutput]:
-        for i, chunk in enumerate(self.script):
-            last = i == len(self.script) - 1
-            if last:
-                await self.hold.wait()
-            if request_id in self.aborted:
-                yield StepOutput([ChoiceDelta(0, "", 0, finish_reason="abort")], True, len(prompt.token_ids), 0)
-                return
-            if self.fail:
-                raise RuntimeError("engine exploded")
-            yield StepOutput([ChoiceDelta(0, chunk, 1, finish_reason="stop" if last else None)], last,
-                             len(prompt.token_ids), 0)
-            await asyncio.sleep(0)
-
-    async def abort(self, request_ids):
-        self.aborted.update(request_ids)
-        self.hold.set()
-
-    def stats(self):
-        return EngineStats()
-
-    @property
-    def errored(self):
-        return False
-
-    async def shutdown(self):
-        pass
-
-
 @pytest.fixture
 async def served():
     async def start(engine: ScriptedEngine, *, ready: bool = True, max_inflight: int = 8):
-        host = ModelHost()
-        host.spec = common_pb2.ModelSpec(name="m", model="scripted")
-        host.engine = engine
-        host.phase = pb.LOAD_PHASE_READY if ready else pb.LOAD_PHASE_LOADING
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(host, max_inflight), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        servers.append(server)
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        worker = await serve_worker(engine, ready=ready, max_inflight=max_inflight)
+        servers.append(worker.server)
+        channel = grpc.aio.insecure_channel(worker.address)
         channels.append(channel)
         return worker_pb2_grpc.WorkerStub(channel)
 

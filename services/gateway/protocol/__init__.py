@@ -1,8 +1,8 @@
 """The gateway's OpenAI protocol layer: wire models, their worker requests, and the OpenAI
 response objects built from worker events. Pure functions and classes; no I/O.
 
-- `chat`: `/v1/chat/completions`
-- `completions`: `/v1/completions`
+- `chat` / `chat_responses`: `/v1/chat/completions` (wire models and worker request / response objects)
+- `completions` / `completions_responses`: `/v1/completions` (likewise)
 - `common`: strict wire types, sampling fields, usage, finish reasons, logprobs, ids, SSE framing
 """
 
@@ -10,19 +10,11 @@ from __future__ import annotations
 
 from mship.worker.v1 import worker_pb2 as pb
 from services.gateway.protocol import chat, completions
-from services.gateway.protocol.chat import (
-    ChatCompletionAssembler,
-    ChatCompletionRequest,
-    ChatStreamEncoder,
-    parse_chat_request,
-)
+from services.gateway.protocol.chat import ChatCompletionRequest, parse_chat_request
+from services.gateway.protocol.chat_responses import ChatCompletionAssembler, ChatStreamEncoder
 from services.gateway.protocol.common import SSE_DONE, finish_reason, new_id, now, sse_event, usage_dict
-from services.gateway.protocol.completions import (
-    CompletionAssembler,
-    CompletionRequest,
-    CompletionStreamEncoder,
-    parse_completion_request,
-)
+from services.gateway.protocol.completions import CompletionRequest, parse_completion_request
+from services.gateway.protocol.completions_responses import CompletionAssembler, CompletionStreamEncoder
 
 
 def to_infer_request(req: ChatCompletionRequest | CompletionRequest, *, request_id: str,

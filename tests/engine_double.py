@@ -1,0 +1,117 @@
+"""An in-process engine double behind the real `WorkerServicer` on a real grpc.aio server.
+
+Shared by the servicer tests and the gateway edge tests: everything above the engine (validation,
+admission, parsing, streaming, cancellation, the gRPC wire) is the real code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from mship.common.v1 import common_pb2
+from mship.worker.v1 import worker_pb2 as pb
+from mship.worker.v1 import worker_pb2_grpc
+from services.worker.engine import ChoiceDelta, Engine, EngineStats, Prompt, RenderRequest, StepOutput
+from services.worker.host import ModelHost
+from services.worker.server import SERVER_OPTIONS
+from services.worker.servicer import WorkerServicer
+
+
+class ScriptedEngine(Engine):
+    """Answers every prompt with `script`, one chunk per step (one token per word of the prompt).
+
+    `hold` parks it before the last chunk, `first_hold` before the first; `fail` raises an engine
+    error at the first step, `fail_at` at that step (after the earlier chunks went out).
+    `started`, `renders` and `cancelled` record what it saw: request ids whose generation began,
+    every render request, and request ids whose generation was cancelled (the servicer's handler
+    cancelled, as when the gRPC call is cancelled) or closed before finishing.
+    """
+
+    def __init__(self, script: list[str], max_model_len: int = 64) -> None:
+        self.script, self.max_model_len = script, max_model_len
+        self.aborted: set[str] = set()
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self.first_hold = asyncio.Event()
+        self.first_hold.set()
+        self.fail = False
+        self.fail_at: int | None = None
+        self.started: list[str] = []
+        self.renders: list[RenderRequest] = []
+        self.cancelled: list[str] = []
+
+    async def render(self, req: RenderRequest) -> Prompt:
+        self.renders.append(req)
+        words = " ".join(m["content"] for m in req.messages or []) if req.messages else (req.prompt or "")
+        return Prompt(token_ids=list(range(len(words.split()))), engine_input=None)
+
+    async def generate(self, prompt, sampling, request_id, priority=0) -> AsyncIterator[StepOutput]:
+        self.started.append(request_id)
+        finished = False
+        try:
+            await self.first_hold.wait()
+            for i, chunk in enumerate(self.script):
+                last = i == len(self.script) - 1
+                if last:
+                    await self.hold.wait()
+                if request_id in self.aborted:
+                    finished = True
+                    yield StepOutput([ChoiceDelta(0, "", 0, finish_reason="abort")], True, len(prompt.token_ids), 0)
+                    return
+                if self.fail or i == self.fail_at:
+                    raise RuntimeError("engine exploded")
+                finished = last
+                yield StepOutput([ChoiceDelta(0, chunk, 1, finish_reason="stop" if last else None)], last,
+                                 len(prompt.token_ids), 0)
+                await asyncio.sleep(0)
+        except (asyncio.CancelledError, GeneratorExit):
+            if not finished:
+                self.cancelled.append(request_id)
+            raise
+
+    async def abort(self, request_ids):
+        self.aborted.update(request_ids)
+        self.hold.set()
+        self.first_hold.set()
+
+    def stats(self):
+        return EngineStats()
+
+    @property
+    def errored(self):
+        return False
+
+    async def shutdown(self):
+        pass
+
+
+@dataclass
+class ServedWorker:
+    server: grpc.aio.Server
+    port: int
+    servicer: WorkerServicer
+    engine: ScriptedEngine
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+async def serve_worker(engine: ScriptedEngine, *, name: str = "m", ready: bool = True,
+                       max_inflight: int = 8) -> ServedWorker:
+    """Start a worker gRPC server on 127.0.0.1 (a free port) serving `engine` as model `name`;
+    stop it with `await worker.server.stop(0)`."""
+    host = ModelHost()
+    host.spec = common_pb2.ModelSpec(name=name, model="scripted")
+    host.engine = engine
+    host.phase = pb.LOAD_PHASE_READY if ready else pb.LOAD_PHASE_LOADING
+    servicer = WorkerServicer(host, max_inflight)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return ServedWorker(server, port, servicer, engine)

@@ -1,0 +1,279 @@
+"""The spine on real parts: OpenAI HTTP -> gateway (Serve replica) -> gRPC stream -> worker replica
+(Serve) -> vLLM, with the coordinator pushing routes. `mship start` runs as a child process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+
+import grpc
+import httpx
+import openai
+import pytest
+
+from clients.client import MshipClient
+from mship.coordinator.v1 import coordinator_pb2 as cpb
+from mship.coordinator.v1 import coordinator_pb2_grpc
+from mship.state.v1 import state_pb2, state_pb2_grpc
+from mship.worker.v1 import worker_pb2 as pb
+from mship.worker.v1 import worker_pb2_grpc
+from services.worker.builtin import corpus
+from tests.platform_process import PlatformProcess, mship
+from tests.worker_calls import chat, wait_load
+
+pytestmark = pytest.mark.integration
+CANCEL_DEADLINE_S = 0.1
+
+
+def snapshot(coordinator: str) -> cpb.RoutingSnapshot:
+    with grpc.insecure_channel(coordinator) as channel:
+        stream = coordinator_pb2_grpc.CoordinatorStub(channel).WatchRouting(cpb.WatchRoutingRequest(), timeout=30)
+        update = next(stream)
+        stream.cancel()
+    return update.snapshot
+
+
+def worker_address(platform: PlatformProcess, model: str = "tiny") -> str:
+    (route,) = [m for m in snapshot(platform.coordinator).models if m.name == model]
+    endpoint = route.replicas[0].endpoint
+    return f"{endpoint.host}:{endpoint.port}"
+
+
+@pytest.fixture
+async def worker_stub(platform):
+    async with grpc.aio.insecure_channel(worker_address(platform)) as channel:
+        yield worker_pb2_grpc.WorkerStub(channel)
+
+
+@pytest.fixture
+def client(platform) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{platform.base_url}/v1", api_key="test-key", max_retries=0)
+
+
+def test_openai_sdk_chat_completions_and_models(client):
+    prompt = "What is the capital of France?"
+    reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}],
+                                           max_tokens=32, temperature=0)
+    assert reply.choices[0].message.content == corpus.FIXED_ANSWERS[prompt]
+    assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens > 0
+    assert reply.usage.prompt_tokens_details.cached_tokens is not None
+
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=64, temperature=0,
+        stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == corpus.FIXED_ANSWERS["Tell me a story."]
+    assert chunks[-1].usage.completion_tokens > 0 and chunks[-1].choices == []
+
+    completion = client.completions.create(model="tiny", prompt="hello", max_tokens=5, temperature=0)
+    assert completion.choices[0].finish_reason == "length" and completion.usage.completion_tokens == 5
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert client.models.retrieve("tiny").id == "tiny"
+
+
+def test_tool_calls_through_the_edge(client):
+    reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": corpus.TOOL_PROMPT}],
+                                           tools=[corpus.WEATHER_TOOL], max_tokens=96, temperature=0)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls[0].function.name == corpus.EXPECTED_TOOL_CALL["name"]
+
+
+def _stream_then_drop(platform: PlatformProcess, after_chunks: int) -> None:
+    """Open a long SSE stream on a raw socket, read `after_chunks` events, then hang up."""
+    body = (b'{"model": "tiny", "stream": true, "max_tokens": 900, "ignore_eos": true, '
+            b'"messages": [{"role": "user", "content": "Tell me a story."}]}')
+    sock = socket.create_connection(("127.0.0.1", platform.http_port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    seen = b""
+    while seen.count(b"data: ") < after_chunks:
+        seen += sock.recv(65536)
+    sock.close()
+
+
+async def test_client_disconnect_mid_stream_aborts_engine_work(platform, worker_stub):
+    await asyncio.to_thread(_stream_then_drop, platform, 5)
+    report, _ = await wait_load(worker_stub, lambda r: r.running_requests == 0 and r.inflight_calls == 0,
+                                CANCEL_DEADLINE_S)
+    frozen = report.generated_tokens_total
+    await asyncio.sleep(0.3)
+    assert (await worker_stub.GetLoad(pb.GetLoadRequest())).generated_tokens_total == frozen
+
+
+async def test_client_disconnect_before_first_token(platform, worker_stub):
+    long = pb.SamplingParams(max_tokens=900, ignore_eos=True, temperature=0.0)
+    blockers = [worker_stub.Infer(chat("Tell me a story.", sampling=long)) for _ in range(2)]  # both slots busy
+    for call in blockers:
+        await call.read()
+    body = (b'{"model": "tiny", "stream": true, "max_tokens": 900, "ignore_eos": true, '
+            b'"messages": [{"role": "user", "content": "Tell me a story."}]}')
+    _, writer = await asyncio.open_connection("127.0.0.1", platform.http_port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    await writer.drain()
+    await wait_load(worker_stub, lambda r: r.waiting_requests == 1, 10.0)  # queued: no token yet
+    writer.close()
+    await wait_load(worker_stub, lambda r: r.waiting_requests == 0 and r.inflight_calls == 2, CANCEL_DEADLINE_S)
+    for call in blockers:  # requests on the same replica are unaffected
+        assert (await call.read()).HasField("delta")
+        call.cancel()
+    await wait_load(worker_stub, lambda r: r.running_requests == 0 and r.inflight_calls == 0, 1.0)
+
+
+BAD = [
+    ("malformed json", b'{"model": "tiny", "messages": [', 400, None),
+    ("wrong type", b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}',
+     400, "temperature"),
+    ("unknown field", b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}',
+     400, "frobnicate"),
+    ("bad value", b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}',
+     400, "max_tokens"),
+    ("unknown model", b'{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}', 404, "model"),
+    ("over context", b'{"model": "tiny", "messages": [{"role": "user", "content": "' + b"hello " * 1500 + b'"}]}',
+     400, "messages"),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "status", "param"), BAD, ids=[b[0] for b in BAD])
+def test_bad_requests_get_openai_errors(platform, case, body, status, param):
+    r = httpx.post(f"{platform.base_url}/v1/chat/completions", content=body,
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["message"] and error["type"]
+    if param:
+        assert error["param"] == param
+
+
+def test_body_too_large_is_413(platform):
+    r = httpx.post(f"{platform.base_url}/v1/chat/completions", content=b"x" * (33 * 2**20),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_health_and_readiness(platform):
+    assert httpx.get(f"{platform.base_url}/health").json() == {"status": "ok"}
+    ready = httpx.get(f"{platform.base_url}/readyz").json()
+    assert ready["ready"] and ready["loaded"] == ["tiny"] and ready["pending"] == []
+    assert ready["load_times_s"]["tiny"] > 0
+
+
+async def test_python_client_low_latency_path(platform):
+    async with MshipClient(platform.coordinator) as c:
+        assert c.models() == ["tiny"]
+        reply = await c.chat("tiny", [{"role": "user", "content": "What is 2 + 2?"}], max_tokens=16, temperature=0)
+        assert (reply.text, reply.finish_reason) == ("2 + 2 = 4.", "stop")
+        got = 0
+        async for event in c.stream_chat("tiny", [{"role": "user", "content": "Tell me a story."}],
+                                         max_tokens=900, ignore_eos=True):
+            got += event.HasField("delta")
+            if got == 3:
+                break  # closing the stream cancels the call
+        async with grpc.aio.insecure_channel(worker_address(platform)) as channel:
+            await wait_load(worker_pb2_grpc.WorkerStub(channel),
+                            lambda r: r.running_requests == 0 and r.inflight_calls == 0, 1.0)
+
+
+def test_committed_set_is_stored_in_the_state_service(platform):
+    with grpc.insecure_channel(f"127.0.0.1:{platform.state_port}") as channel:
+        model_set = state_pb2_grpc.StateStub(channel).GetModelSet(state_pb2.GetModelSetRequest(), timeout=10)
+    assert [m.name for m in model_set.models] == ["tiny"] and model_set.deploy_id
+
+
+def test_cli_status_models_and_bad_config(platform, tmp_path):
+    out = mship("--coordinator", platform.coordinator, "models")
+    assert out.returncode == 0 and out.stdout.split()[0] == "tiny"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models:\n  - name: x\n    model: builtin:tiny-qwen2\n    num_replicas: two\n")
+    out = mship("--coordinator", platform.coordinator, "deploy", "--config", str(bad), "--wait")
+    assert out.returncode == 2
+    assert str(bad) in out.stderr and "models[0].num_replicas" in out.stderr and "Fix:" in out.stderr
+    out = mship("--coordinator", platform.coordinator, "status")
+    assert out.returncode == 0 and "tiny" in out.stdout and " x " not in out.stdout  # nothing deployed
+    assert mship("--coordinator", "127.0.0.1:1", "models").returncode == 3
+
+
+class Hammer:
+    """Clients sending chat requests in a loop while something happens; counts failures."""
+
+    def __init__(self, base_url: str, clients: int = 2) -> None:
+        self.base_url, self.ok, self.failures = base_url, 0, []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(clients)]
+
+    def _loop(self) -> None:
+        with httpx.Client(base_url=self.base_url, timeout=60) as http:
+            while not self._stop.is_set():
+                try:
+                    r = http.post("/v1/chat/completions", json={
+                        "model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "What is 2 + 2?"}]})
+                    if r.status_code == 200:
+                        self.ok += 1
+                    else:
+                        self.failures.append(f"{r.status_code} {r.text[:200]}")
+                except httpx.HTTPError as e:
+                    self.failures.append(repr(e))
+
+    def __enter__(self) -> Hammer:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+
+
+def test_coordinator_restart_keeps_routes(platform):
+    (coordinator,) = platform.find("CoordinatorDeployment")
+    with Hammer(platform.base_url) as hammer:
+        while hammer.ok < 5:
+            time.sleep(0.05)
+        coordinator.kill()
+        deadline = time.monotonic() + 120
+        while True:  # Serve starts a new coordinator replica; it serves WatchRouting again
+            with contextlib.suppress(grpc.RpcError):
+                snap = snapshot(platform.coordinator)
+                if [m.name for m in snap.models] == ["tiny"]:
+                    break
+            assert time.monotonic() < deadline, "the coordinator did not come back"
+            time.sleep(0.2)
+        served_after = hammer.ok
+        while hammer.ok < served_after + 5:
+            time.sleep(0.05)
+    assert hammer.failures == []
+    assert [p.pid for p in platform.find("CoordinatorDeployment")] != [coordinator.pid]
+
+
+def test_reconcile_removes_and_adds_models_on_every_gateway(platform, tmp_path):
+    config = tmp_path / "models.yaml"
+    config.write_text("models:\n  - name: tiny2\n    model: builtin:tiny-qwen2\n    max_model_len: 512\n"
+                      "    max_num_seqs: 2\n    num_cpus: 0.5\n")
+    out = mship("--coordinator", platform.coordinator, "deploy", "--config", str(config), "--reconcile", "--wait")
+    assert out.returncode == 0, out.stdout + out.stderr
+    t_done = time.monotonic()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    seen: dict[str, int] = {}
+    while len(seen) < 2:  # new connections until both gateway replicas have answered
+        assert time.monotonic() - t_done < 30, f"only saw gateway replicas {seen}"
+        with httpx.Client(base_url=platform.base_url) as http:
+            r = http.post("/v1/chat/completions", json=body)
+        seen[r.headers["x-mship-gateway"]] = r.status_code
+    assert set(seen.values()) == {404}
+    r = httpx.post(f"{platform.base_url}/v1/chat/completions", timeout=60, json={**body, "model": "tiny2"})
+    assert r.status_code == 200
+    assert platform.find("mship-model-tiny-") == []  # the removed model's replica is gone
+
+
+def test_sigterm_stops_everything_within_30s(platform):
+    """Runs last in this module (pytest keeps file order): stops the session's platform."""
+    ray_processes = platform.descendants()
+    assert ray_processes
+    assert platform.stop() < 30
+    assert platform.proc.returncode == 0
+    assert [p for p in ray_processes if p.is_running() and p.status() != "zombie"] == []
