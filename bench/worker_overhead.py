@@ -77,8 +77,9 @@ class OverGrpc:
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
 
     async def stream(self, max_tokens: int) -> tuple[float, int, float]:
-        request = pb.InferRequest(model="tiny", chat=pb.ChatInput(messages=[pb.ChatMessage(role="user", content=PROMPT)]),
-                                  sampling=pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0))
+        request = pb.InferRequest(
+            model="tiny", chat=pb.ChatInput(messages=[pb.ChatMessage(role="user", content=PROMPT)]),
+            sampling=pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0))
         t0 = time.perf_counter()
         ttft, tokens = 0.0, 0
         async for event in self.stub.Infer(request):
@@ -154,8 +155,9 @@ def main() -> None:
           "{tok_s_1_change_pct:+.1f}%, 8 streams {tok_s_8_change_pct:+.1f}% (target >= -2%)".format(**summary))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"table": table, "summary": summary, "args": vars(args) | {"json": str(args.json)},
-                                         "cpus": os.cpu_count(), "load_avg": os.getloadavg()}, indent=1))
+        args.json.write_text(json.dumps({"table": table, "summary": summary, "cpus": os.cpu_count(),
+                                         "args": vars(args) | {"json": str(args.json)},
+                                         "load_avg": os.getloadavg()}, indent=1))
 
 
 if __name__ == "__main__":

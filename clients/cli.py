@@ -123,17 +123,32 @@ def cmd_models(args: argparse.Namespace, verbose: bool = False) -> int:
     channel, stub = _stub(args)
     try:
         reply = stub.ListModels(pb.ListModelsRequest(), timeout=10)
+        snapshot = _routing_snapshot(stub) if verbose else pb.RoutingSnapshot()
     except grpc.RpcError as e:
         return _unreachable(args, e)
     finally:
         channel.close()
     if verbose:
-        print(f"coordinator {args.coordinator} · routing version {reply.routing_version}")
+        print(f"coordinator {args.coordinator} (serving) · routing version {reply.routing_version}")
+    routes = {m.name: m for m in snapshot.models}
     for m in reply.models:
         loader = common_pb2.Loader.Name(m.spec.loader).removeprefix("LOADER_").lower()
         line = f"{m.spec.name:<24} {m.spec.model:<32} {loader:<10} replicas {m.ready_replicas}"
         print(line + (f"  version {m.version}  app {m.app_name}  load {m.load_time_s:.1f}s" if verbose else ""))
+        for r in routes[m.spec.name].replicas if m.spec.name in routes else []:
+            endpoint = f"{r.endpoint.host}:{r.endpoint.port}"
+            print(f"    replica {r.replica_id:<12} {endpoint}  pid {r.pid}  node {r.node_id[:12]}")
+    for name in snapshot.pending:
+        print(f"{name:<24} (pending: no live replica)")
     return EXIT_OK
+
+
+def _routing_snapshot(stub: coordinator_pb2_grpc.CoordinatorStub) -> pb.RoutingSnapshot:
+    stream = stub.WatchRouting(pb.WatchRoutingRequest(subscriber_id="mship-cli"), timeout=10)
+    try:
+        return next(stream).snapshot
+    finally:
+        stream.cancel()
 
 
 def cmd_start(args: argparse.Namespace) -> int:

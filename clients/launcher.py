@@ -50,9 +50,9 @@ def start_platform(cfg: PlatformConfig) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep Ray on loopback
     import ray
     from ray import serve
-    from services.gateway.deployment import GatewayDeployment
 
     from services.coordinator.deployment import CoordinatorDeployment
+    from services.gateway.deployment import GatewayDeployment
     from services.state.deployment import StateDeployment
 
     env_vars = {k: os.environ[k] for k in (*RAY_ENV, *ENGINE_ENV, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",

@@ -23,7 +23,6 @@ async def _disconnected(request: Request) -> None:
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await `work`, cancelling it if the HTTP client disconnects first (also before any byte)."""
-    return await work
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))
     try:

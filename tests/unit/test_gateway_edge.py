@@ -56,11 +56,11 @@ async def until(check: Callable[[], bool], what: str, timeout_s: float = 5.0) ->
 class Gateway:
     """The edge as a gateway replica runs it, minus Ray: app + ReusePortServer + RouteTable."""
 
-    def __init__(self, *, max_body_bytes: int = MAX_BODY, server_id: str = SERVER_ID) -> None:
+    def __init__(self, *, server_id: str = SERVER_ID, drain_s: float = 0, **settings: Any) -> None:
         self.table = RouteTable()
-        settings = GatewaySettings(coordinator=f"127.0.0.1:{free_port()}", max_body_bytes=max_body_bytes)
-        self.http = ReusePortServer(create_app(self.table, settings), "127.0.0.1", 0, on_stop=self.table.close,
-                                    drain_s=0, graceful_s=1, server_id=server_id)
+        config = GatewaySettings(coordinator=f"127.0.0.1:{free_port()}", **{"max_body_bytes": MAX_BODY, **settings})
+        self.http = ReusePortServer(create_app(self.table, config), "127.0.0.1", 0, on_stop=self.table.close,
+                                    drain_s=drain_s, graceful_s=2, server_id=server_id)
         self.http.start()
         self.url = f"http://127.0.0.1:{self.http.port}"
         self.version = 0
@@ -345,9 +345,9 @@ async def test_overloaded_replica_is_not_skipped_once_it_recovers(workers, gatew
 
 # ---- errors ------------------------------------------------------------------------------------
 
-def error_of(r: httpx.Response, status: int) -> dict[str, Any]:
+def error_of(r: httpx.Response, status: int, server_id: str = SERVER_ID) -> dict[str, Any]:
     assert r.status_code == status, r.text
-    assert r.headers["x-mship-gateway"] == SERVER_ID
+    assert r.headers["x-mship-gateway"] == server_id
     body = r.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
     return body["error"]
@@ -394,6 +394,7 @@ async def test_body_limit(workers, client):
     assert "content-length" not in r.request.headers
     assert error_of(r, 413)["code"] == "request_too_large"
     assert sum(served_by(*workers)) == 1  # only the padded one reached a worker
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200  # the edge still serves
 
 
 async def test_context_too_long_is_400_context_length_exceeded(workers, client):
@@ -442,3 +443,43 @@ async def test_worker_error_after_the_first_token_is_an_sse_error_event(workers,
 
     err = error_of(await client.post("/v1/chat/completions", json=CHAT), 500)  # not streamed: a plain 500
     assert err["type"] == "server_error"
+
+
+async def test_request_timeout_is_504_or_a_timeout_event(workers):
+    a, _ = workers
+    gw = Gateway(server_id="gw-timeout", request_timeout_s=0.3)
+    try:
+        await gw.route(a.address)
+        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+            a.engine.first_hold.clear()
+            err = error_of(await client.post("/v1/chat/completions", json=CHAT), 504, server_id="gw-timeout")
+            assert (err["code"], err["type"]) == ("timeout", "server_error")
+            assert a.engine.cancelled == a.engine.started  # the deadline ended the engine request too
+            a.engine.first_hold.set()
+            a.engine.hold.clear()  # first token out, then nothing
+            r, events = await sse(client, "/v1/chat/completions", {**CHAT, "stream": True})
+            assert r.status_code == 200 and events[-1] == "[DONE]"
+            assert json.loads(events[-2])["error"]["code"] == "timeout"
+        await until(lambda: not a.servicer.inflight, "the worker to drop the timed-out requests")
+    finally:
+        await gw.stop()
+
+
+# ---- the replica's HTTP server -----------------------------------------------------------------
+
+async def test_drain_closes_keepalive_connections_and_stops_listening(workers):
+    a, _ = workers
+    gw = Gateway(server_id="gw-drain", drain_s=1.0)
+    await gw.route(a.address)
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 200 and r.headers.get("connection") != "close"
+        stopping = asyncio.create_task(gw.stop())
+        await until(lambda: gw.http.draining and not any(s.is_serving() for s in gw.http.server.servers),
+                    "the listener to close")
+        r = await client.post("/v1/chat/completions", json=CHAT)  # on the kept-alive connection
+        assert (r.status_code, r.headers["connection"], r.headers["x-mship-gateway"]) == (200, "close", "gw-drain")
+        with pytest.raises(httpx.ConnectError):  # new connections go to the other replicas
+            await client.get("/health")
+        await stopping
+    assert not gw.http.healthy()

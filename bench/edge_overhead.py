@@ -1,0 +1,162 @@
+"""What the edge costs: the same model and engine settings, one run, three paths, interleaved:
+
+  gateway    OpenAI HTTP/SSE -> mship gateway (Serve replica) -> gRPC -> worker replica -> vLLM
+  vllm-http  vLLM's own OpenAI server (python -m vllm.entrypoints.openai.api_server)
+  grpc       mship's Python client -> worker replica (the internal low-latency path)
+
+Prints TTFT p50/p99, inter-token latency p50 and throughput at 1, 8 and 32 concurrent streams;
+--json PATH writes them. Targets (issue 3): the gateway adds <= 1 ms p50 / <= 3 ms p99 TTFT over
+vLLM's server and keeps >= 99% of its throughput; the gRPC client adds <= 0.3 ms p50.
+
+  .venv/bin/python bench/edge_overhead.py [--rounds 3] [--tokens 64] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
+    os.environ.setdefault(key, value)
+
+import httpx  # noqa: E402
+
+from clients.client import MshipClient  # noqa: E402
+from services.worker.builtin import resolve_model_ref  # noqa: E402
+from services.worker.vllm_engine import DEFAULT_CPU_KV_CACHE_BYTES, set_engine_env  # noqa: E402
+from tests.platform_process import PlatformProcess, free_port  # noqa: E402
+
+MODEL, MAX_NUM_SEQS, MAX_MODEL_LEN = "tiny", 32, 1024
+MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))] if values else float("nan")
+
+
+async def sse_stream(http: httpx.AsyncClient, tokens: int) -> tuple[float, list[float], int]:
+    """One streamed chat over HTTP: (ttft, inter-token gaps, chunks with content)."""
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
+            "stream": True}
+    t0 = time.perf_counter()
+    stamps: list[float] = []
+    async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
+                stamps.append(time.perf_counter())
+    return stamps[0] - t0, [b - a for a, b in itertools.pairwise(stamps)], len(stamps)
+
+
+async def grpc_stream(client: MshipClient, tokens: int) -> tuple[float, list[float], int]:
+    t0 = time.perf_counter()
+    stamps: list[float] = []
+    async for event in client.stream_chat(MODEL, MESSAGES, max_tokens=tokens, ignore_eos=True, temperature=0.0):
+        if event.HasField("delta") and event.delta.text:
+            stamps.append(time.perf_counter())
+    return stamps[0] - t0, [b - a for a, b in itertools.pairwise(stamps)], len(stamps)
+
+
+async def measure(paths: dict, concurrency: int, rounds: int, tokens: int) -> dict[str, dict[str, float]]:
+    samples = {name: {"ttft": [], "itl": [], "rate": []} for name in paths}
+    for _ in range(rounds):
+        for name, one in paths.items():  # interleaved: drift on the box hits every path alike
+            t0 = time.perf_counter()
+            results = await asyncio.gather(*[one(tokens) for _ in range(concurrency)])
+            wall = time.perf_counter() - t0
+            samples[name]["ttft"] += [r[0] * 1000 for r in results]
+            samples[name]["itl"] += [g * 1000 for r in results for g in r[1]]
+            samples[name]["rate"].append(sum(r[2] for r in results) / wall)
+    return {name: {"ttft_p50_ms": statistics.median(s["ttft"]), "ttft_p99_ms": pct(s["ttft"], 99),
+                   "itl_p50_ms": statistics.median(s["itl"]), "tok_s": statistics.median(s["rate"])}
+            for name, s in samples.items()}
+
+
+def start_vllm_server(model_dir: str, port: int, log: Path) -> subprocess.Popen:
+    set_engine_env()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+           "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), "--max-model-len",
+           str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS), "--enforce-eager", "--enable-prefix-caching",
+           "--seed", "0", "--kv-cache-memory-bytes", str(DEFAULT_CPU_KV_CACHE_BYTES), "--disable-log-requests"]
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def wait_http(url: str, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(url)
+
+
+async def run(args: argparse.Namespace, platform: PlatformProcess, vllm_port: int) -> dict:
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=platform.base_url, timeout=120, limits=limits) as gw, \
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{vllm_port}", timeout=120, limits=limits) as vl, \
+            MshipClient(platform.coordinator) as client:
+        paths = {"vllm-http": lambda n: sse_stream(vl, n), "gateway": lambda n: sse_stream(gw, n),
+                 "grpc": lambda n: grpc_stream(client, n)}
+        await measure(paths, 4, 2, 16)  # warm up connections and the engines
+        return {str(c): await measure(paths, c, args.rounds, args.tokens) for c in (1, 8, 32)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    model_dir = resolve_model_ref("builtin:tiny-qwen2")
+    tmp = Path(tempfile.mkdtemp(prefix="mship-edge-bench-"))
+    (tmp / "models.yaml").write_text(f"models:\n  - name: {MODEL}\n    model: builtin:tiny-qwen2\n"
+                                     f"    max_model_len: {MAX_MODEL_LEN}\n    max_num_seqs: {MAX_NUM_SEQS}\n")
+    platform = PlatformProcess.start(tmp / "models.yaml", tmp / "mship.log", gateway_replicas=1)
+    vllm_port = free_port()
+    server = start_vllm_server(model_dir, vllm_port, tmp / "vllm.log")
+    try:
+        platform.wait_ready()
+        wait_http(f"http://127.0.0.1:{vllm_port}/health")
+        table = asyncio.run(run(args, platform, vllm_port))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+        platform.stop()
+    print(f"{'streams':>7} {'path':<10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'ITL p50 ms':>11} {'tok/s':>9}")
+    summary = {}
+    for c, rows in table.items():
+        for name, r in rows.items():
+            print(f"{c:>7} {name:<10} {r['ttft_p50_ms']:>12.2f} {r['ttft_p99_ms']:>12.2f} {r['itl_p50_ms']:>11.2f} "
+                  f"{r['tok_s']:>9.0f}")
+        base, gw, grpc_ = rows["vllm-http"], rows["gateway"], rows["grpc"]
+        summary[c] = {"gateway_ttft_p50_added_ms": gw["ttft_p50_ms"] - base["ttft_p50_ms"],
+                      "gateway_ttft_p99_added_ms": gw["ttft_p99_ms"] - base["ttft_p99_ms"],
+                      "gateway_throughput_ratio": gw["tok_s"] / base["tok_s"],
+                      "grpc_ttft_p50_vs_vllm_http_ms": grpc_["ttft_p50_ms"] - base["ttft_p50_ms"]}
+        print(f"{c:>7} gateway vs vLLM server: TTFT p50 {summary[c]['gateway_ttft_p50_added_ms']:+.2f} ms, "
+              f"p99 {summary[c]['gateway_ttft_p99_added_ms']:+.2f} ms, throughput "
+              f"{100 * summary[c]['gateway_throughput_ratio']:.1f}%")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"table": table, "summary": summary, "args": {**vars(args), "json": str(
+            args.json)}, "cpus": os.cpu_count(), "load_avg": os.getloadavg()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
