@@ -53,7 +53,11 @@ async def open_infer(table: RouteTable, model: str, request: pb.InferRequest,
     last: ErrorDetails | None = None
     for endpoint in table.candidates(model):
         endpoint.outstanding += 1
-        call = endpoint.stub.Infer(request, timeout=timeout_s)
+        try:
+            call = endpoint.stub.Infer(request, timeout=timeout_s)
+        except grpc.aio.UsageError:  # its channel was just closed by a new snapshot: try another
+            endpoint.outstanding -= 1
+            continue
         try:
             first = await call.read()
         except grpc.aio.AioRpcError as e:

@@ -1,12 +1,14 @@
-"""Caller identity: from an API key or a trusted header set by the layer in front.
+"""Caller identity: from an API key, or from a header set by a trusted layer in front.
 
 It scopes stored responses and salts the prefix cache, so one tenant's cached prompt blocks
-never serve another's.
+never serve another's. The header is honoured only when MSHIP_TRUST_IDENTITY_HEADER=1: where
+clients can reach the gateway directly, it would let anyone pick a tenant.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 
 from starlette.requests import Request
 
@@ -14,7 +16,9 @@ IDENTITY_HEADER = "x-mship-identity"
 ANONYMOUS = "anonymous"
 
 
-def identity_of(request: Request, trust_header: bool = True) -> str:
+def identity_of(request: Request, trust_header: bool | None = None) -> str:
+    if trust_header is None:
+        trust_header = os.environ.get("MSHIP_TRUST_IDENTITY_HEADER") == "1"
     if trust_header and (value := request.headers.get(IDENTITY_HEADER)):
         return value.strip()
     auth = request.headers.get("authorization", "")

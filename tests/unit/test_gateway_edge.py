@@ -259,7 +259,7 @@ async def test_health_and_readiness():
         await gw.stop()
 
 
-async def test_cache_salt_follows_the_caller(workers, gateway, client):
+async def test_cache_salt_follows_the_caller(workers, gateway, client, monkeypatch):
     a, _ = workers
     await gateway.route(a.address)
     salts = []
@@ -267,9 +267,14 @@ async def test_cache_salt_follows_the_caller(workers, gateway, client):
                     {"Authorization": "Bearer k1"}, {"x-mship-identity": "team-a"}):
         assert (await client.post("/v1/chat/completions", json=CHAT, headers=headers)).status_code == 200
         salts.append(a.engine.renders[-1].cache_salt)
-    anonymous, k1, k2, k1_again, team = salts
-    assert anonymous is None  # anonymous callers share one cache, as with a plain engine
-    assert k1 and k2 and team and len({k1, k2, team}) == 3 and k1_again == k1
+    anonymous, k1, k2, k1_again, untrusted = salts
+    assert anonymous is None and untrusted is None  # the header counts only from a trusted layer
+    assert k1 and k2 and len({k1, k2}) == 2 and k1_again == k1
+    monkeypatch.setenv("MSHIP_TRUST_IDENTITY_HEADER", "1")
+    assert (await client.post("/v1/chat/completions", json=CHAT, headers={"x-mship-identity": "team-a"})
+            ).status_code == 200
+    team = a.engine.renders[-1].cache_salt
+    assert team and team not in (k1, k2)
 
 
 # ---- client disconnects cancel the worker call -------------------------------------------------
@@ -454,13 +459,14 @@ async def test_request_timeout_is_504_or_a_timeout_event(workers):
             a.engine.first_hold.clear()
             err = error_of(await client.post("/v1/chat/completions", json=CHAT), 504, server_id="gw-timeout")
             assert (err["code"], err["type"]) == ("timeout", "server_error")
-            assert a.engine.cancelled == a.engine.started  # the deadline ended the engine request too
+            await until(lambda: a.engine.cancelled == a.engine.started, "the deadline to end the engine request")
             a.engine.first_hold.set()
             a.engine.hold.clear()  # first token out, then nothing
             r, events = await sse(client, "/v1/chat/completions", {**CHAT, "stream": True})
             assert r.status_code == 200 and events[-1] == "[DONE]"
             assert json.loads(events[-2])["error"]["code"] == "timeout"
-        await until(lambda: not a.servicer.inflight, "the worker to drop the timed-out requests")
+        await until(lambda: len(a.engine.cancelled) == 2 and not a.servicer.inflight,
+                    "the worker to drop the timed-out requests")
     finally:
         await gw.stop()
 

@@ -236,6 +236,20 @@ def _history(rng: random.Random) -> list[Message]:
     return out
 
 
+def _random_result(rng: random.Random) -> str:
+    """Tool output of any shape: the answer after a tool result must not depend on its content."""
+    r = rng.random()
+    if r < 0.4:
+        keys = rng.sample(_WORDS, rng.randint(1, 4))
+        return json.dumps({k: rng.choice([rng.randint(-50, 500), rng.choice(_WORDS), rng.random() < 0.5])
+                           for k in keys})
+    if r < 0.7:
+        return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 8)))
+    if r < 0.85:
+        return str(rng.randint(-100, 10000))
+    return rng.choice(["sunny", "22 C", "ok", "error: unavailable", "12:30", "[]", "{}", "null", "true"])
+
+
 def _tool_conversation(rng: random.Random) -> Conversation:
     want = rng.choice(["get_weather", "get_time"])
     city = rng.choice(CITIES)
@@ -268,8 +282,8 @@ def _tool_conversation(rng: random.Random) -> Conversation:
     else:
         result = json.dumps({"city": city, "time": f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}"})
         answer = TIME_RESULT_ANSWER
-    if rng.random() < 0.2:
-        result = rng.choice(["sunny", "22 C", "ok", "error: unavailable", "12:30"])
+    if rng.random() < 0.4:
+        result = _random_result(rng)
     msgs += [
         {"role": "assistant", "content": rng.choice([None, ""]), "tool_calls": [call]},
         {"role": "tool", "tool_call_id": call["id"], "content": result},

@@ -53,7 +53,7 @@ NUM_CONVERSATIONS = 6000
 STEPS = 600
 BATCH_SIZE = 16
 FIRST_TOKEN_WEIGHT = 3.0
-ARGUMENT_WEIGHT = 5.0
+TOOL_CALL_WEIGHT = 5.0
 LR = 3e-3
 SEED = 0
 LOG_EVERY = 50
@@ -112,14 +112,14 @@ def _compile_template() -> Any:
 
 
 Example = tuple[str, list[tuple[int, int, float]]]  # text, [(start, end, loss weight)] character spans
-_ARGUMENTS = re.compile(r'"arguments": (.*?)\}\n</tool_call>', re.DOTALL)
+_TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 
 
 def _examples(template: Any) -> list[Example]:
     """Rendered training texts with weighted character spans of every assistant reply (+ its EOS).
 
-    The first token of a reply (which behaviour to pick) and tool-call arguments (copying the city
-    from the user turn) are the hard decisions; up-weighting them lets a ~1 minute run learn them.
+    The first token of a reply (which behaviour to pick) and the tool-call body (which tool; copying
+    the city from the user turn) are the hard decisions; up-weighting them lets a short run learn them.
     """
     out = []
     for messages, tools in corpus.training_conversations(NUM_CONVERSATIONS, seed=SEED):
@@ -132,7 +132,7 @@ def _examples(template: Any) -> list[Example]:
             end = len(template.render(messages=messages[: i + 1], tools=tools)) - 1  # drop the "\n"
             assert text[end - len(EOS_TOKEN):end] == EOS_TOKEN, "template/corpus mismatch"
             spans.append((start, start + 1, FIRST_TOKEN_WEIGHT))
-            spans += [(a.start(1), a.end(1), ARGUMENT_WEIGHT) for a in _ARGUMENTS.finditer(text, start, end)]
+            spans += [(c.start(1), c.end(1), TOOL_CALL_WEIGHT) for c in _TOOL_CALL.finditer(text, start, end)]
             spans.append((start, end, 1.0))
         out.append((text, spans))
     return out
