@@ -1,30 +1,101 @@
-"""The state service's committed model sets on real Redis: durable across a restart of the
-service, password from the environment, and a clean UNAVAILABLE when Redis is down."""
+"""The state service over gRPC, on the memory backend and on a real Redis (Debian's redis-server):
+committed model sets, stored responses scoped by identity, background runs (compare-and-set,
+atomic finish, owner lease expiry), event replay logs; durable across a restart of the service,
+password from the environment, and a clean UNAVAILABLE when Redis is down."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
 import grpc
 import pytest
+import redis
+from redis.asyncio.client import Pipeline
 
 from mship.common.v1 import common_pb2
 from mship.state.v1 import state_pb2 as pb
 from mship.state.v1 import state_pb2_grpc
 from services.common.errors import ErrorDetails
+from services.state import client as sc
 from services.state.deployment import start_state_server
-from services.state.store import open_store
+from services.state.store import key_path, open_store
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 MODELS = [common_pb2.ModelSpec(name="chat", model="builtin:gemma-3-270m", num_replicas=2)]
+PASSWORD = "s3cret"
+ALICE, BOB = "alice", "bob"
+QUEUED, IN_PROGRESS, COMPLETED = pb.RUN_STATUS_QUEUED, pb.RUN_STATUS_IN_PROGRESS, pb.RUN_STATUS_COMPLETED
+CANCELLED, FAILED = pb.RUN_STATUS_CANCELLED, pb.RUN_STATUS_FAILED
+FINISHED_NAMES = "RUN_STATUS_COMPLETED, RUN_STATUS_INCOMPLETE, RUN_STATUS_FAILED, RUN_STATUS_CANCELLED"
 
 
 @pytest.fixture
 def redis_server(tmp_path, monkeypatch):
-    server = RedisServer(tmp_path, password="s3cret")
-    monkeypatch.setenv("MSHIP_REDIS_PASSWORD", "s3cret")
+    server = RedisServer(tmp_path, password=PASSWORD)
+    monkeypatch.setenv("MSHIP_REDIS_PASSWORD", PASSWORD)
     yield server
     server.stop()
 
+
+@contextlib.asynccontextmanager
+async def serving(url: str, sweep_interval_s: float | None = None) -> AsyncIterator[sc.StateClient]:
+    server, port = await start_state_server(url, "127.0.0.1", 0, sweep_interval_s=sweep_interval_s)
+    client = sc.StateClient(f"127.0.0.1:{port}")
+    try:
+        yield client
+    finally:
+        await client.close()
+        await server.stop(0)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def state(request, tmp_path, monkeypatch) -> AsyncIterator[sc.StateClient]:
+    """A state server on each backend, and a client of it."""
+    if request.param == "memory":
+        async with serving("memory://") as client:
+            yield client
+        return
+    server = RedisServer(tmp_path, password=PASSWORD)
+    monkeypatch.setenv("MSHIP_REDIS_PASSWORD", PASSWORD)
+    try:
+        async with serving(server.url) as client:
+            yield client
+    finally:
+        server.stop()
+
+
+def snap(identity: str, rid: str, text: str = "", conversation: str = "[]", parent: str = "",
+         items: tuple[str, ...] = ()) -> pb.StoredResponse:
+    return pb.StoredResponse(key=sc.key(identity, rid), previous_response_id=parent,
+                             response_json=f'{{"id": "{rid}", "text": "{text}"}}', conversation_json=conversation,
+                             input_items=[pb.InputItem(id=i, item_json=f'{{"id": "{i}"}}') for i in items])
+
+
+def ev(seq: int, text: str = "", terminal: bool = False) -> pb.RunEvent:
+    return pb.RunEvent(sequence=seq, event_json=text or f'{{"n": {seq}}}', terminal=terminal)
+
+
+async def sequences(state: sc.StateClient, rid: str, after: int = 0, follow: bool = False,
+                    identity: str = ALICE) -> list[int]:
+    return [e.sequence async for e in state.read_events(identity, rid, after, follow)]
+
+
+async def poll(check, timeout_s: float = 10.0, interval_s: float = 0.02):
+    """`await check()` until it returns something truthy (a deadline, not a sleep to sync on)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = await check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(interval_s)
+
+
+# ---- committed model sets (in use by the coordinator) --------------------------------------------
 
 async def _put_then_get(url: str, put: bool) -> pb.ModelSet:
     server, port = await start_state_server(url, "127.0.0.1", 0)
@@ -50,6 +121,234 @@ async def test_memory_backend_is_per_process():
     assert list((await _put_then_get("memory://", put=False)).models) == []
 
 
+def test_password_never_in_the_url():
+    with pytest.raises(ValueError, match="MSHIP_REDIS_PASSWORD"):
+        open_store("redis://:hunter2@127.0.0.1:6390/0")
+    with pytest.raises(ValueError, match="unknown state store"):
+        open_store("postgres://x")
+
+
+# ---- stored responses -----------------------------------------------------------------------------
+
+async def test_another_identitys_id_is_not_found(state: sc.StateClient):
+    await state.create_run(snap(ALICE, "r", "secret", items=("i1",)), owner="gw1", lease_s=30)
+    await state.append_events(ALICE, "r", [ev(1, "secret event")])
+    attempts = [state.get_response(BOB, "r"), state.list_input_items(BOB, "r"), state.get_run_status(BOB, "r"),
+                state.append_events(BOB, "r", [ev(2)]), state.finish_run(BOB, "r", CANCELLED),
+                state.set_run_status(BOB, "r", IN_PROGRESS), state.renew_run(BOB, "r", "gw1", 30),
+                sequences(state, "r", identity=BOB)]
+    for attempt in attempts:
+        with pytest.raises(sc.NotFound) as info:
+            await attempt
+        assert info.value.details.reason == "NOT_FOUND" and "secret" not in info.value.details.message
+    assert await state.delete_response(BOB, "r") is False
+    mine = await state.get_response(ALICE, "r")
+    assert '"secret"' in mine.response_json and mine.run.status == QUEUED and mine.run.owner == "gw1"
+
+
+async def test_deleting_a_parent_keeps_children_and_branches_are_independent(state: sc.StateClient):
+    await state.put_response(snap(ALICE, "p", "hi", '["u1"]', items=("u1",)))
+    await asyncio.gather(  # two continuations of one parent at once
+        state.put_response(snap(ALICE, "b1", "left", '["u1", "a1", "L"]', parent="p", items=("L",)),
+                           create_only=True),
+        state.put_response(snap(ALICE, "b2", "right", '["u1", "a1", "R"]', parent="p", items=("R",)),
+                           create_only=True))
+    assert await state.delete_response(ALICE, "p") is True
+    with pytest.raises(sc.NotFound):
+        await state.get_response(ALICE, "p")
+    b1, b2 = await state.get_response(ALICE, "b1"), await state.get_response(ALICE, "b2")
+    assert (b1.conversation_json, b2.conversation_json) == ('["u1", "a1", "L"]', '["u1", "a1", "R"]')
+    assert b1.previous_response_id == "p" and b1.created_at > 0 and not b1.HasField("run")
+    # A continuation of a branch whose grandparent is gone needs only the branch.
+    await state.put_response(snap(ALICE, "c", "more", b1.conversation_json[:-1] + ', "x"]', parent="b1"))
+    assert (await state.get_response(ALICE, "c")).conversation_json == '["u1", "a1", "L", "x"]'
+    with pytest.raises(sc.AlreadyExists):
+        await state.put_response(snap(ALICE, "b1", "again"), create_only=True)
+
+
+async def test_input_items_are_listed_from_the_snapshot(state: sc.StateClient):
+    await state.put_response(snap(ALICE, "r", items=tuple(f"i{n}" for n in range(25))))
+    page = await state.list_input_items(ALICE, "r")  # 20, newest first
+    assert len(page.data) == 20 and page.first_id == "i24" and page.last_id == "i5" and page.has_more
+    rest = await state.list_input_items(ALICE, "r", after=page.last_id)
+    assert [i.id for i in rest.data] == ["i4", "i3", "i2", "i1", "i0"] and not rest.has_more
+    asc = await state.list_input_items(ALICE, "r", limit=2, order="asc", after="i0")
+    assert [(i.id, i.item_json) for i in asc.data] == [("i1", '{"id": "i1"}'), ("i2", '{"id": "i2"}')]
+
+
+async def test_malformed_requests_name_their_fields(state: sc.StateClient):
+    cases = [
+        (state.get_response("", "r"), [("key.identity", "required")]),
+        (state.put_response(pb.StoredResponse(key=sc.key(ALICE, ""))), [("response.key.response_id", "required")]),
+        (state.put_response(snap(ALICE, "r", items=("a", "a"))), [("response.input_items[1].id", "duplicate id 'a'")]),
+        (state.list_input_items(ALICE, "r", limit=101), [("limit", "must be between 1 and 100")]),
+        (state.create_run(snap(ALICE, "r"), owner="", lease_s=5), [("owner", "required with a lease")]),
+        (state.finish_run(ALICE, "r", IN_PROGRESS), [("status", f"must be one of {FINISHED_NAMES}")]),
+        (state.append_events(ALICE, "r", []), [("events", "at least one event")]),
+        (state.append_events(ALICE, "r", [ev(1, terminal=True)]),
+         [("events[0].terminal", "the terminal event is written by FinishRun")]),
+        (state.renew_run(ALICE, "r", "gw1", 0), [("lease_s", "must be positive")]),
+    ]
+    for call, violations in cases:
+        with pytest.raises(sc.StateError) as info:
+            await call
+        details = info.value.details
+        assert (details.code, details.reason, details.field_violations) == (
+            grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARAMETER", violations)
+
+
+# ---- background runs ----------------------------------------------------------------------------
+
+async def test_cancel_sticks_and_races_with_finish_have_one_winner(state: sc.StateClient):
+    await state.create_run(snap(ALICE, "r", "queued"), owner="gw1", lease_s=30)
+    await state.cancel_run(ALICE, "r", snap(ALICE, "r", "cancelled"), '{"type": "response.cancelled"}')
+    with pytest.raises(sc.Conflict) as info:
+        await state.set_run_status(ALICE, "r", IN_PROGRESS, expected=[QUEUED], owner="gw1")
+    assert info.value.status == CANCELLED and info.value.details.reason == "CONFLICT"
+    with pytest.raises(sc.Conflict):
+        await state.finish_run(ALICE, "r", COMPLETED, owner="gw1", response=snap(ALICE, "r", "done"),
+                               events=[ev(1, terminal=True)])
+    with pytest.raises(sc.Conflict) as info:
+        await state.renew_run(ALICE, "r", "gw1", 30)  # how the owner learns it should stop
+    assert info.value.status == CANCELLED
+    stored = await state.get_response(ALICE, "r")
+    assert stored.run.status == CANCELLED and '"cancelled"' in stored.response_json
+    assert [e.event_json async for e in state.read_events(ALICE, "r")] == ['{"type": "response.cancelled"}']
+
+    for n in range(10):  # the owner finishing and a cancel from another replica, at once
+        rid = f"race{n}"
+        await state.create_run(snap(ALICE, rid, "queued"), status=IN_PROGRESS, owner="gw1", lease_s=30)
+        await state.append_events(ALICE, rid, [ev(1), ev(2)], owner="gw1")
+        done, cancel = await asyncio.gather(
+            state.finish_run(ALICE, rid, COMPLETED, owner="gw1", response=snap(ALICE, rid, "done"),
+                             events=[ev(3, '"completed"', terminal=True)]),
+            state.cancel_run(ALICE, rid, snap(ALICE, rid, "cancelled"), '"cancelled"'), return_exceptions=True)
+        winner = "done" if isinstance(cancel, sc.Conflict) else "cancelled"
+        assert isinstance(done if winner == "cancelled" else cancel, sc.Conflict), (done, cancel)
+        stored = await state.get_response(ALICE, rid)
+        assert stored.run.status == (COMPLETED if winner == "done" else CANCELLED)
+        assert f'"{winner}"' in stored.response_json
+        log = [(e.sequence, e.event_json) async for e in state.read_events(ALICE, rid)]
+        assert log[2:] == [(3, '"completed"' if winner == "done" else '"cancelled"')] and len(log) == 3
+
+
+async def test_event_replay_after_n_is_exactly_once(state: sc.StateClient):
+    await state.create_run(snap(ALICE, "r"), status=IN_PROGRESS, owner="gw1", lease_s=30)
+    assert await state.append_events(ALICE, "r", [ev(1), ev(2), ev(3)], owner="gw1") == 3
+    with pytest.raises(sc.Conflict) as info:  # a retried append (its reply was lost)
+        await state.append_events(ALICE, "r", [ev(1), ev(2), ev(3)], owner="gw1")
+    assert info.value.last_sequence == 3
+    with pytest.raises(sc.Conflict):  # a gap
+        await state.append_events(ALICE, "r", [ev(5)], owner="gw1")
+    await state.append_events(ALICE, "r", [ev(n) for n in range(4, 301)], owner="gw1")  # > one read batch
+    await state.finish_run(ALICE, "r", COMPLETED, owner="gw1", events=[ev(301, terminal=True)])
+    assert await sequences(state, "r") == list(range(1, 302))
+    assert await sequences(state, "r", after=7) == list(range(8, 302))
+    assert await sequences(state, "r", after=300, follow=True) == [301]
+    assert await sequences(state, "r", after=301, follow=True) == []  # finished: nothing to wait for
+
+
+async def test_follow_receives_later_events_through_the_terminal_one(state: sc.StateClient):
+    await state.create_run(snap(ALICE, "r"), status=IN_PROGRESS, owner="gw1", lease_s=30)
+    await state.append_events(ALICE, "r", [ev(1), ev(2)], owner="gw1")
+    got: list[int] = []
+    caught_up = asyncio.Event()
+
+    async def follow() -> None:
+        async for event in state.read_events(ALICE, "r", after=1, follow=True):
+            got.append(event.sequence)
+            caught_up.set()
+
+    follower = asyncio.create_task(follow())
+    await asyncio.wait_for(caught_up.wait(), 10)
+    for seq in range(3, 8):
+        await state.append_events(ALICE, "r", [ev(seq)], owner="gw1")
+
+    async def delivered() -> bool:
+        return len(got) == 6  # 2..7, while following
+
+    await poll(delivered)
+    await state.finish_run(ALICE, "r", COMPLETED, owner="gw1", events=[ev(8, terminal=True)])
+    await asyncio.wait_for(follower, 10)
+    assert got == [2, 3, 4, 5, 6, 7, 8]
+
+
+async def test_a_follower_that_disconnects_resumes_after_what_it_saw(state: sc.StateClient):
+    await state.create_run(snap(ALICE, "r"), status=IN_PROGRESS, owner="gw1", lease_s=30)
+    await state.append_events(ALICE, "r", [ev(1), ev(2), ev(3)], owner="gw1")
+    seen: list[int] = []
+    async for event in state.read_events(ALICE, "r", follow=True):
+        seen.append(event.sequence)
+        if event.sequence == 2:
+            break  # the client goes away mid-stream (the call is cancelled)
+    await state.append_events(ALICE, "r", [ev(4), ev(5)], owner="gw1")
+    resumed = asyncio.create_task(sequences(state, "r", after=seen[-1], follow=True))
+    await state.append_events(ALICE, "r", [ev(6)], owner="gw1")
+    await state.finish_run(ALICE, "r", COMPLETED, owner="gw1", events=[ev(7, terminal=True)])
+    assert seen + await asyncio.wait_for(resumed, 10) == [1, 2, 3, 4, 5, 6, 7]
+
+
+async def test_a_run_whose_owner_died_is_reported_failed(state: sc.StateClient):
+    await state.create_run(snap(ALICE, "r"), status=IN_PROGRESS, owner="gw1", lease_s=0.5,
+                           failure_event_json='{"type": "response.failed"}')
+    await state.append_events(ALICE, "r", [ev(1)], owner="gw1")
+    follower = asyncio.create_task(sequences(state, "r", follow=True))
+    # gw1 never renews. A follower notices on its own; so does any read.
+    assert await asyncio.wait_for(follower, 10) == [1, 2]
+    record = await state.get_run_status(ALICE, "r")
+    assert record.status == FAILED and "lease expired" in record.detail
+    last = [e async for e in state.read_events(ALICE, "r", after=1)]
+    assert [(e.event_json, e.terminal) for e in last] == [('{"type": "response.failed"}', True)]
+    with pytest.raises(sc.Conflict):
+        await state.finish_run(ALICE, "r", COMPLETED, owner="gw1")  # too late
+    # A renewed run is not failed; the sweep RPC fails only the expired one.
+    await state.create_run(snap(ALICE, "alive"), status=IN_PROGRESS, owner="gw2", lease_s=60)
+    await state.create_run(snap(ALICE, "dead"), status=IN_PROGRESS, owner="gw3", lease_s=0.2)
+    failed = await poll(state.expire_runs)
+    assert [r.key.response_id for r in failed] == ["dead"]
+    assert (await state.renew_run(ALICE, "alive", "gw2", 60)).status == IN_PROGRESS
+
+
+async def test_the_state_server_sweeps_expired_runs_by_itself(redis_server):
+    async with serving(redis_server.url, sweep_interval_s=0.1) as state:
+        await state.create_run(snap(ALICE, "r"), status=IN_PROGRESS, owner="gw1", lease_s=0.3)
+        raw = redis.Redis(host="127.0.0.1", port=redis_server.port, password=PASSWORD)
+        run_key = f"mship:runs/{key_path(ALICE, 'r')}"
+
+        async def failed_in_redis() -> bool:  # not through the service: a read would expire it too
+            return pb.StoredRun.FromString(raw.get(run_key)).record.status == FAILED
+        await poll(failed_in_redis)
+        assert raw.zcard("mship:runs:leases") == 0
+        raw.close()
+
+
+# ---- durability, outages, crashes (Redis) -------------------------------------------------------
+
+async def test_everything_survives_a_state_service_restart(redis_server):
+    async with serving(redis_server.url) as state:
+        await state.put_response(snap(ALICE, "p", "hi", '["u1"]'))
+        await state.put_response(snap(ALICE, "c", "child", '["u1", "a1", "u2"]', parent="p"))
+        await state.put_response(snap(ALICE, "b", "branch", '["u1", "a1", "B"]', parent="p"))
+        await state.delete_response(ALICE, "p")
+        await state.create_run(snap(ALICE, "cancelled"), owner="gw1", lease_s=300)
+        await state.cancel_run(ALICE, "cancelled", event_json='"cancelled"')
+        await state.create_run(snap(ALICE, "running"), status=IN_PROGRESS, owner="gw1", lease_s=300)
+        await state.append_events(ALICE, "running", [ev(1), ev(2), ev(3)], owner="gw1")
+    async with serving(redis_server.url) as state:  # a new server, the same Redis
+        with pytest.raises(sc.NotFound):
+            await state.get_response(ALICE, "p")
+        assert (await state.get_response(ALICE, "c")).conversation_json == '["u1", "a1", "u2"]'
+        assert (await state.get_response(ALICE, "b")).conversation_json == '["u1", "a1", "B"]'
+        assert (await state.get_run_status(ALICE, "cancelled")).status == CANCELLED
+        with pytest.raises(sc.Conflict):
+            await state.set_run_status(ALICE, "cancelled", IN_PROGRESS)
+        assert (await state.get_run_status(ALICE, "running")).status == IN_PROGRESS
+        follower = asyncio.create_task(sequences(state, "running", after=1, follow=True))
+        await state.append_events(ALICE, "running", [ev(4)], owner="gw1")  # the owner carries on
+        await state.finish_run(ALICE, "running", COMPLETED, owner="gw1", events=[ev(5, terminal=True)])
+        assert await asyncio.wait_for(follower, 10) == [2, 3, 4, 5]
+
+
 async def test_redis_outage_is_a_clean_unavailable(redis_server):
     url = redis_server.url
     redis_server.stop()
@@ -57,10 +356,44 @@ async def test_redis_outage_is_a_clean_unavailable(redis_server):
         await _put_then_get(url, put=True)
     details = ErrorDetails.from_rpc_error(info.value)
     assert (details.code, details.reason) == (grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE")
+    async with serving(url) as state:
+        for call in (state.put_response(snap(ALICE, "r")), state.get_response(ALICE, "r"),
+                     state.create_run(snap(ALICE, "r"), owner="gw1", lease_s=5),
+                     state.finish_run(ALICE, "r", CANCELLED), state.append_events(ALICE, "r", [ev(1)]),
+                     sequences(state, "r", follow=True), state.expire_runs()):
+            with pytest.raises(sc.Unavailable) as info:
+                await call
+            assert info.value.details.reason == "STORE_UNAVAILABLE" and info.value.details.retry_after_s == 1.0
 
 
-def test_password_never_in_the_url():
-    with pytest.raises(ValueError, match="MSHIP_REDIS_PASSWORD"):
-        open_store("redis://:hunter2@127.0.0.1:6390/0")
-    with pytest.raises(ValueError, match="unknown state store"):
-        open_store("postgres://x")
+async def test_a_crash_in_the_middle_of_a_finish_writes_nothing(redis_server, tmp_path, monkeypatch):
+    async with serving(redis_server.url) as state:
+        await state.create_run(snap(ALICE, "r", "running"), status=IN_PROGRESS, owner="gw1", lease_s=300)
+        await state.append_events(ALICE, "r", [ev(1), ev(2)], owner="gw1")
+        real_execute = Pipeline.execute
+
+        async def crash_before_exec(self, *args, **kwargs):
+            if self.explicit_transaction:  # the finish's writes are queued, about to be sent
+                redis_server.stop()
+            return await real_execute(self, *args, **kwargs)
+
+        monkeypatch.setattr(Pipeline, "execute", crash_before_exec)
+        with pytest.raises(sc.Unavailable):
+            await state.finish_run(ALICE, "r", COMPLETED, owner="gw1", response=snap(ALICE, "r", "final"),
+                                   events=[ev(3), ev(4, terminal=True)])
+        monkeypatch.undo()
+    restarted = RedisServer(tmp_path, password=PASSWORD)  # the same data directory (AOF, fsync always)
+    monkeypatch.setenv("MSHIP_REDIS_PASSWORD", PASSWORD)
+    try:
+        async with serving(restarted.url) as state:
+            stored = await state.get_response(ALICE, "r")
+            assert '"running"' in stored.response_json and stored.run.status == IN_PROGRESS
+            assert stored.run.last_sequence == 2 and await sequences(state, "r") == [1, 2]
+            # ... and the retried finish lands whole.
+            await state.finish_run(ALICE, "r", COMPLETED, owner="gw1", response=snap(ALICE, "r", "final"),
+                                   events=[ev(3), ev(4, terminal=True)])
+            stored = await state.get_response(ALICE, "r")
+            assert '"final"' in stored.response_json and stored.run.status == COMPLETED
+            assert await sequences(state, "r") == [1, 2, 3, 4]
+    finally:
+        restarted.stop()

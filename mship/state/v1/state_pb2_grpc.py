@@ -49,6 +49,16 @@ class StateStub:
                 request_serializer=mship_dot_state_dot_v1_dot_state__pb2.DeleteResponseRequest.SerializeToString,
                 response_deserializer=mship_dot_state_dot_v1_dot_state__pb2.DeleteResponseResponse.FromString,
                 _registered_method=True)
+        self.ListInputItems = channel.unary_unary(
+                '/mship.state.v1.State/ListInputItems',
+                request_serializer=mship_dot_state_dot_v1_dot_state__pb2.ListInputItemsRequest.SerializeToString,
+                response_deserializer=mship_dot_state_dot_v1_dot_state__pb2.ListInputItemsResponse.FromString,
+                _registered_method=True)
+        self.CreateRun = channel.unary_unary(
+                '/mship.state.v1.State/CreateRun',
+                request_serializer=mship_dot_state_dot_v1_dot_state__pb2.CreateRunRequest.SerializeToString,
+                response_deserializer=mship_dot_state_dot_v1_dot_state__pb2.RunStatusRecord.FromString,
+                _registered_method=True)
         self.SetRunStatus = channel.unary_unary(
                 '/mship.state.v1.State/SetRunStatus',
                 request_serializer=mship_dot_state_dot_v1_dot_state__pb2.SetRunStatusRequest.SerializeToString,
@@ -58,6 +68,21 @@ class StateStub:
                 '/mship.state.v1.State/GetRunStatus',
                 request_serializer=mship_dot_state_dot_v1_dot_state__pb2.GetRunStatusRequest.SerializeToString,
                 response_deserializer=mship_dot_state_dot_v1_dot_state__pb2.RunStatusRecord.FromString,
+                _registered_method=True)
+        self.RenewRun = channel.unary_unary(
+                '/mship.state.v1.State/RenewRun',
+                request_serializer=mship_dot_state_dot_v1_dot_state__pb2.RenewRunRequest.SerializeToString,
+                response_deserializer=mship_dot_state_dot_v1_dot_state__pb2.RunStatusRecord.FromString,
+                _registered_method=True)
+        self.FinishRun = channel.unary_unary(
+                '/mship.state.v1.State/FinishRun',
+                request_serializer=mship_dot_state_dot_v1_dot_state__pb2.FinishRunRequest.SerializeToString,
+                response_deserializer=mship_dot_state_dot_v1_dot_state__pb2.RunStatusRecord.FromString,
+                _registered_method=True)
+        self.ExpireRuns = channel.unary_unary(
+                '/mship.state.v1.State/ExpireRuns',
+                request_serializer=mship_dot_state_dot_v1_dot_state__pb2.ExpireRunsRequest.SerializeToString,
+                response_deserializer=mship_dot_state_dot_v1_dot_state__pb2.ExpireRunsResponse.FromString,
                 _registered_method=True)
         self.AppendEvents = channel.unary_unary(
                 '/mship.state.v1.State/AppendEvents',
@@ -85,51 +110,107 @@ class StateServicer:
     """Missing associated documentation comment in .proto file."""
 
     def PutResponse(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """---- stored responses ----
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetResponse(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The snapshot, with `run` set when it is a background run (its status checked against the
+        owner's lease first: see RunStatusRecord.owner_expires_at).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteResponse(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Deletes the snapshot, its run and its event log together. Children keep working: their own
+        snapshots hold the conversation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListInputItems(self, request, context):
+        """A page of the snapshot's input_items (GET /v1/responses/{id}/input_items).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateRun(self, request, context):
+        """---- background runs ----
+        Writes the first snapshot and the run (QUEUED or IN_PROGRESS, owner + lease) together;
+        ALREADY_EXISTS if the id is taken.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SetRunStatus(self, request, context):
-        """Compare-and-set of a background run's status: a cancelled run stays cancelled.
+        """Compare-and-set of a run's status: a finished run (completed, incomplete, failed, cancelled)
+        never changes again, so a cancelled run stays cancelled.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetRunStatus(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Checked against the owner's lease first (an expired one is marked FAILED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewRun(self, request, context):
+        """The owner's heartbeat: extends its lease. ABORTED/CONFLICT once the run is finished (e.g.
+        cancelled: the owner stops the engine) or held by another owner.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FinishRun(self, request, context):
+        """One transaction: final snapshot + terminal status (compare-and-set) + the last events (the
+        terminal one included). Used by the owner at the end and by a cancel from any replica.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExpireRuns(self, request, context):
+        """The sweep: marks FAILED (with a terminal failure event) every unfinished run whose owner's
+        lease has passed. Reads do the same check for the run they touch; the state server also runs
+        this periodically, so a sweep by another service is optional.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AppendEvents(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """---- event replay logs (background + stream) ----
+        Appends to an unfinished run's log. Sequences are contiguous from 1: a batch must start at
+        last_sequence + 1, so a retried append is rejected (ABORTED/CONFLICT, metadata
+        `last_sequence` tells the writer where the log is) and never duplicates events. The terminal
+        event is written by FinishRun, with the final status.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReadEvents(self, request, context):
-        """Events with sequence > after_sequence; with follow, waits for new ones until the terminal.
+        """Events with sequence > after_sequence, each once, in order. Without follow: what is there now.
+        With follow: then waits for new ones, and ends after the terminal event (or, for a run
+        finished without one, once the log is drained). NOT_FOUND if the response is deleted meanwhile.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PutModelSet(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """---- committed model sets ----
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -158,6 +239,16 @@ def add_StateServicer_to_server(servicer, server):
                     request_deserializer=mship_dot_state_dot_v1_dot_state__pb2.DeleteResponseRequest.FromString,
                     response_serializer=mship_dot_state_dot_v1_dot_state__pb2.DeleteResponseResponse.SerializeToString,
             ),
+            'ListInputItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListInputItems,
+                    request_deserializer=mship_dot_state_dot_v1_dot_state__pb2.ListInputItemsRequest.FromString,
+                    response_serializer=mship_dot_state_dot_v1_dot_state__pb2.ListInputItemsResponse.SerializeToString,
+            ),
+            'CreateRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateRun,
+                    request_deserializer=mship_dot_state_dot_v1_dot_state__pb2.CreateRunRequest.FromString,
+                    response_serializer=mship_dot_state_dot_v1_dot_state__pb2.RunStatusRecord.SerializeToString,
+            ),
             'SetRunStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.SetRunStatus,
                     request_deserializer=mship_dot_state_dot_v1_dot_state__pb2.SetRunStatusRequest.FromString,
@@ -167,6 +258,21 @@ def add_StateServicer_to_server(servicer, server):
                     servicer.GetRunStatus,
                     request_deserializer=mship_dot_state_dot_v1_dot_state__pb2.GetRunStatusRequest.FromString,
                     response_serializer=mship_dot_state_dot_v1_dot_state__pb2.RunStatusRecord.SerializeToString,
+            ),
+            'RenewRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewRun,
+                    request_deserializer=mship_dot_state_dot_v1_dot_state__pb2.RenewRunRequest.FromString,
+                    response_serializer=mship_dot_state_dot_v1_dot_state__pb2.RunStatusRecord.SerializeToString,
+            ),
+            'FinishRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishRun,
+                    request_deserializer=mship_dot_state_dot_v1_dot_state__pb2.FinishRunRequest.FromString,
+                    response_serializer=mship_dot_state_dot_v1_dot_state__pb2.RunStatusRecord.SerializeToString,
+            ),
+            'ExpireRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExpireRuns,
+                    request_deserializer=mship_dot_state_dot_v1_dot_state__pb2.ExpireRunsRequest.FromString,
+                    response_serializer=mship_dot_state_dot_v1_dot_state__pb2.ExpireRunsResponse.SerializeToString,
             ),
             'AppendEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.AppendEvents,
@@ -281,6 +387,60 @@ class State:
             _registered_method=True)
 
     @staticmethod
+    def ListInputItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mship.state.v1.State/ListInputItems',
+            mship_dot_state_dot_v1_dot_state__pb2.ListInputItemsRequest.SerializeToString,
+            mship_dot_state_dot_v1_dot_state__pb2.ListInputItemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mship.state.v1.State/CreateRun',
+            mship_dot_state_dot_v1_dot_state__pb2.CreateRunRequest.SerializeToString,
+            mship_dot_state_dot_v1_dot_state__pb2.RunStatusRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def SetRunStatus(request,
             target,
             options=(),
@@ -324,6 +484,87 @@ class State:
             '/mship.state.v1.State/GetRunStatus',
             mship_dot_state_dot_v1_dot_state__pb2.GetRunStatusRequest.SerializeToString,
             mship_dot_state_dot_v1_dot_state__pb2.RunStatusRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mship.state.v1.State/RenewRun',
+            mship_dot_state_dot_v1_dot_state__pb2.RenewRunRequest.SerializeToString,
+            mship_dot_state_dot_v1_dot_state__pb2.RunStatusRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mship.state.v1.State/FinishRun',
+            mship_dot_state_dot_v1_dot_state__pb2.FinishRunRequest.SerializeToString,
+            mship_dot_state_dot_v1_dot_state__pb2.RunStatusRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExpireRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mship.state.v1.State/ExpireRuns',
+            mship_dot_state_dot_v1_dot_state__pb2.ExpireRunsRequest.SerializeToString,
+            mship_dot_state_dot_v1_dot_state__pb2.ExpireRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

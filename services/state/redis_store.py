@@ -1,0 +1,184 @@
+"""`redis://host:port/db`: the durable backend.
+
+Keys (identity and id percent-encoded, see `key_path`):
+  mship:responses/<identity>/<id>  the snapshot (StoredResponse bytes)
+  mship:runs/<identity>/<id>       the run (StoredRun bytes: status, owner, lease, last sequence)
+  mship:events/<identity>/<id>     the event log, a Stream whose entry ids are `<sequence>-0`
+  mship:runs:leases                sorted set of unfinished leased runs by lease end (the sweep)
+  mship:<key>                      plain blobs (model sets)
+
+Multi-key writes are optimistic transactions: WATCH the run, read it, apply the rule (runs.py),
+then MULTI/EXEC every write; a concurrent change retries. Nothing is written before EXEC, and
+Redis applies an EXEC whole or not at all, so a crash or an outage never leaves half a write.
+Followers block in XREAD on the stream. Every Redis error is StoreUnavailable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+
+from mship.state.v1 import state_pb2 as pb
+from services.state import runs
+from services.state.store import (
+    Mutation,
+    Store,
+    StoreUnavailable,
+    key_path,
+    parse_key_path,
+    snapshot_bytes,
+)
+
+T = TypeVar("T")
+NS = "mship:"
+LEASES = NS + "runs:leases"
+MAX_TRANSACTION_TRIES = 50
+
+
+def _keys(identity: str, response_id: str) -> tuple[str, str, str]:
+    path = key_path(identity, response_id)
+    return f"{NS}responses/{path}", f"{NS}runs/{path}", f"{NS}events/{path}"
+
+
+def _event(entry_id: bytes, fields: dict[bytes, bytes]) -> pb.RunEvent:
+    return pb.RunEvent(sequence=int(entry_id.split(b"-")[0]), event_json=fields[b"j"].decode(),
+                       terminal=fields.get(b"t") == b"1")
+
+
+class RedisStore(Store):
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        parsed = urlparse(url)
+        # Few, short retries: an outage should be a prompt 503 (with RetryInfo), not a stall.
+        self._client = aioredis.Redis(host=parsed.hostname or "127.0.0.1", port=parsed.port or 6379,
+                                      db=int((parsed.path or "/0").lstrip("/") or 0),
+                                      password=os.environ.get("MSHIP_REDIS_PASSWORD") or None,
+                                      socket_timeout=5, socket_connect_timeout=2,
+                                      retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), retries=3))
+
+    async def _call(self, op: Awaitable[T]) -> T:
+        try:
+            return await op
+        except redis.RedisError as e:
+            raise StoreUnavailable(f"{type(e).__name__}: {e}") from e
+
+    async def _transact(self, watch: list[str], body: Callable[[Pipeline], Awaitable[T]]) -> T:
+        """Run `body` (reads in immediate mode, then `pipe.multi()` and queued writes) under WATCH,
+        retrying when a watched key changed before EXEC. A body that never calls multi() writes nothing."""
+        async def attempt() -> T:
+            async with self._client.pipeline(transaction=True) as pipe:
+                for _ in range(MAX_TRANSACTION_TRIES):
+                    try:
+                        await pipe.watch(*watch)
+                        result = await body(pipe)
+                        if pipe.explicit_transaction:
+                            await pipe.execute()
+                        return result
+                    except redis.WatchError:
+                        await pipe.reset()
+                raise StoreUnavailable("too many concurrent writers on one run")
+        return await self._call(attempt())
+
+    # ---- blobs ----
+    async def get(self, key: str) -> bytes | None:
+        return await self._call(self._client.get(NS + key))
+
+    async def put(self, key: str, value: bytes) -> None:
+        await self._call(self._client.set(NS + key, value))
+
+    async def delete(self, key: str) -> bool:
+        return bool(await self._call(self._client.delete(NS + key)))
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    # ---- responses ----
+    async def put_response(self, response: pb.StoredResponse, create_only: bool = False) -> None:
+        snap_key, _, _ = _keys(response.key.identity, response.key.response_id)
+        done = await self._call(self._client.set(snap_key, snapshot_bytes(response, self.clock()), nx=create_only))
+        if not done:
+            raise runs.already_exists(response.key.response_id)
+
+    async def delete_response(self, identity: str, response_id: str) -> bool:
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.delete(*_keys(identity, response_id))
+            pipe.zrem(LEASES, key_path(identity, response_id))
+            deleted, _ = await self._call(pipe.execute())
+        return deleted > 0
+
+    async def _load(self, identity: str, response_id: str) -> tuple[pb.StoredResponse | None, pb.StoredRun | None]:
+        snap_key, run_key, _ = _keys(identity, response_id)
+        snapshot, run = await self._call(self._client.mget(snap_key, run_key))
+        return (pb.StoredResponse.FromString(snapshot) if snapshot is not None else None,
+                pb.StoredRun.FromString(run) if run is not None else None)
+
+    async def _load_run(self, identity: str, response_id: str) -> pb.StoredRun | None:
+        data = await self._call(self._client.get(_keys(identity, response_id)[1]))
+        return pb.StoredRun.FromString(data) if data is not None else None
+
+    # ---- runs ----
+    def _index(self, pipe: Pipeline, identity: str, response_id: str, record: pb.RunStatusRecord) -> None:
+        member = key_path(identity, response_id)
+        if record.status in runs.ACTIVE and record.owner_expires_at > 0:
+            pipe.zadd(LEASES, {member: record.owner_expires_at})
+        else:
+            pipe.zrem(LEASES, member)
+
+    async def _create_run(self, identity: str, response_id: str, response: bytes, run: pb.StoredRun) -> None:
+        snap_key, run_key, events_key = _keys(identity, response_id)
+
+        async def body(pipe: Pipeline) -> None:
+            if await pipe.exists(snap_key, run_key):
+                raise runs.already_exists(response_id)
+            pipe.multi()
+            pipe.set(snap_key, response)
+            pipe.set(run_key, run.SerializeToString())
+            pipe.delete(events_key)
+            self._index(pipe, identity, response_id, run.record)
+        await self._transact([snap_key, run_key], body)
+
+    async def _update_run(self, identity: str, response_id: str, mutate: Mutation) -> pb.RunStatusRecord:
+        snap_key, run_key, events_key = _keys(identity, response_id)
+
+        async def body(pipe: Pipeline) -> pb.RunStatusRecord:
+            data = await pipe.get(run_key)
+            if data is None:
+                raise runs.not_found(identity, response_id)
+            stored = pb.StoredRun.FromString(data)
+            write = mutate(stored, self.clock())  # may raise: nothing queued yet
+            if write is None:
+                return stored.record
+            pipe.multi()
+            if write.response is not None:
+                pipe.set(snap_key, write.response)
+            for event in write.events:
+                pipe.xadd(events_key, {"j": event.event_json, "t": "1" if event.terminal else "0"},
+                          id=f"{event.sequence}-0")
+            pipe.set(run_key, write.run.SerializeToString())
+            self._index(pipe, identity, response_id, write.run.record)
+            return write.run.record
+        return await self._transact([run_key], body)
+
+    async def _expired_candidates(self, now: float, limit: int) -> list[tuple[str, str]]:
+        members = await self._call(self._client.zrangebyscore(LEASES, "-inf", now, start=0, num=limit))
+        return [parse_key_path(m.decode()) for m in members]
+
+    # ---- events ----
+    async def _events_after(self, identity: str, response_id: str, after: int, limit: int) -> list[pb.RunEvent]:
+        entries = await self._call(self._client.xrange(_keys(identity, response_id)[2], f"({after}-0", "+",
+                                                       count=limit))
+        return [_event(entry_id, fields) for entry_id, fields in entries]
+
+    async def _wait_events(self, identity: str, response_id: str, after: int, timeout_s: float) -> list[pb.RunEvent]:
+        events_key = _keys(identity, response_id)[2]
+        reply = await self._call(self._client.xread({events_key: f"{after}-0"}, count=256,
+                                                    block=max(1, int(timeout_s * 1000))))
+        return [_event(entry_id, fields) for _, entries in reply or [] for entry_id, fields in entries]
