@@ -52,11 +52,16 @@ def start_platform(cfg: PlatformConfig) -> None:
     from ray import serve
 
     from services.coordinator.deployment import CoordinatorDeployment
+    from services.gateway.conversation import COMPACTION_KEY_ENV, CompactionCodec
     from services.gateway.deployment import GatewayDeployment
     from services.state.deployment import StateDeployment
 
+    # Compaction items must open on every gateway replica: one key for the cluster (set it to keep
+    # compacted chains valid across restarts).
+    os.environ.setdefault(COMPACTION_KEY_ENV, CompactionCodec.new_key())
     env_vars = {k: os.environ[k] for k in (*RAY_ENV, *ENGINE_ENV, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-                                            "MSHIP_CACHE_DIR", "MSHIP_REDIS_PASSWORD", "VLLM_CPU_KVCACHE_SPACE")
+                                            "MSHIP_CACHE_DIR", "MSHIP_REDIS_PASSWORD", "VLLM_CPU_KVCACHE_SPACE",
+                                            "MSHIP_TRUST_IDENTITY_HEADER", COMPACTION_KEY_ENV)
                 if k in os.environ}
     ray.init(address="local", num_cpus=cfg.num_cpus or 4 * (os.cpu_count() or 2), include_dashboard=False,
              namespace=NAMESPACE, log_to_driver=False, _node_ip_address=cfg.host if cfg.host.startswith("127.")
@@ -66,7 +71,7 @@ def start_platform(cfg: PlatformConfig) -> None:
     serve.run(CoordinatorDeployment.bind(cfg.host, cfg.coordinator_port, cfg.state_address),
               name=COORDINATOR_APP, route_prefix=None)
     serve.run(GatewayDeployment.options(num_replicas=cfg.gateway_replicas).bind(
-        cfg.host, cfg.http_port, cfg.coordinator_address), name=GATEWAY_APP, route_prefix=None)
+        cfg.host, cfg.http_port, cfg.coordinator_address, cfg.state_address), name=GATEWAY_APP, route_prefix=None)
 
 
 def stop_platform(grace_s: float = 10.0) -> None:

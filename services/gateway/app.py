@@ -6,16 +6,18 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.coordinator.v1 import coordinator_pb2_grpc
 from services.common.routes import RouteTable
 from services.gateway import protocol
-from services.gateway.errors import install_handlers, model_not_found
+from services.gateway.errors import OpenAIError, install_handlers, model_not_found
 from services.gateway.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
+from services.gateway.responses_api import ResponsesAPI
 from services.gateway.serving import GenerationCall, serve_generation
+from services.gateway.websocket import ResponsesSocket
 
 
 @dataclass
@@ -26,10 +28,20 @@ class GatewaySettings:
     started_at: int = field(default_factory=lambda: int(time.time()))
 
 
-def create_app(table: RouteTable, settings: GatewaySettings) -> FastAPI:
+def create_app(table: RouteTable, settings: GatewaySettings, responses: ResponsesAPI | None = None) -> FastAPI:
+    """The edge app. `responses` (it needs the state service) may be set later, on the serving loop,
+    as `app.state.responses`."""
     app = FastAPI(title="mship", docs_url=None, redoc_url=None, openapi_url=None)
     install_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.state.responses = responses
+
+    def responses_api(request: Request | WebSocket) -> ResponsesAPI:
+        api = request.app.state.responses
+        if api is None:
+            raise OpenAIError(503, "The Responses API is not available: this gateway has no state service.",
+                              type="server_error", headers={"Retry-After": "1"})
+        return api
 
     @app.get("/health")
     async def health() -> dict:
@@ -68,6 +80,38 @@ def create_app(table: RouteTable, settings: GatewaySettings) -> FastAPI:
             model=req.model, stream=bool(req.stream), request=req, input_param="prompt",
             assembler=lambda: protocol.CompletionAssembler.for_request(req),
             encoder=lambda: protocol.CompletionStreamEncoder.for_request(req)), settings.request_timeout_s)
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        return await responses_api(request).create(request)
+
+    @app.post("/v1/responses/compact")
+    async def compact_response(request: Request) -> Response:
+        return await responses_api(request).compact(request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(request: Request, response_id: str) -> Response:
+        return await responses_api(request).retrieve(request, response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(request: Request, response_id: str) -> Response:
+        return await responses_api(request).delete(request, response_id)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(request: Request, response_id: str) -> Response:
+        return await responses_api(request).cancel(request, response_id)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def list_input_items(request: Request, response_id: str) -> Response:
+        return await responses_api(request).input_items(request, response_id)
+
+    @app.websocket("/v1/responses")
+    async def responses_socket(ws: WebSocket) -> None:
+        api = ws.app.state.responses
+        if api is None:
+            await ws.close(code=1013, reason="no state service")
+            return
+        await ResponsesSocket(api, ws).serve()
 
     return app
 

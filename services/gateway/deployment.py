@@ -9,7 +9,10 @@ from ray import serve
 
 from services.common.routes import RouteTable, RoutingWatcher
 from services.gateway.app import GatewaySettings, create_app
+from services.gateway.conversation import CompactionCodec
 from services.gateway.http_server import ReusePortServer
+from services.gateway.responses_api import ResponsesAPI
+from services.state.client import StateClient
 
 log = logging.getLogger(__name__)
 
@@ -23,19 +26,31 @@ log = logging.getLogger(__name__)
     max_ongoing_requests=4,
 )
 class GatewayDeployment:
-    def __init__(self, host: str, port: int, coordinator: str, max_body_bytes: int | None = None) -> None:
+    def __init__(self, host: str, port: int, coordinator: str, state_address: str | None = None,
+                 max_body_bytes: int | None = None) -> None:
         settings = GatewaySettings(coordinator=coordinator)
         if max_body_bytes:
             settings.max_body_bytes = max_body_bytes
         self.table = RouteTable()
         replica_id = serve.get_replica_context().replica_id.unique_id
         self.watcher = RoutingWatcher(coordinator, self.table, replica_id)
+        app = create_app(self.table, settings)
+        self.state: StateClient | None = None
 
-        async def on_start() -> None:
+        async def on_start() -> None:  # on the HTTP server's loop: gRPC channels belong to it
             self.watcher.start()
+            if state_address:
+                self.state = StateClient(state_address)
+                app.state.responses = ResponsesAPI(self.table, self.state, replica_id, CompactionCodec())
 
-        self.http = ReusePortServer(create_app(self.table, settings), host, port, on_start=on_start,
-                                    on_stop=self.watcher.stop, server_id=replica_id)
+        async def on_stop() -> None:
+            if app.state.responses is not None:
+                await app.state.responses.runs.stop()
+            if self.state is not None:
+                await self.state.close()
+            await self.watcher.stop()
+
+        self.http = ReusePortServer(app, host, port, on_start=on_start, on_stop=on_stop, server_id=replica_id)
         self.http.start()
         log.info("gateway on %s:%d (coordinator %s)", host, port, coordinator)
 

@@ -48,7 +48,7 @@ class GenerationCall:
     input_param: str = "messages"
 
 
-def _check_routed(table: RouteTable, model: str) -> None:
+def check_routed(table: RouteTable, model: str) -> None:
     if model in table.routes:
         return
     if model in table.pending or not table.received.is_set():
@@ -58,7 +58,7 @@ def _check_routed(table: RouteTable, model: str) -> None:
 
 async def serve_generation(http: Request, table: RouteTable, call: GenerationCall,
                            timeout_s: float | None = None) -> Response:
-    _check_routed(table, call.model)
+    check_routed(table, call.model)
     identity = identity_of(http)
     responder = call.encoder() if call.stream else call.assembler()
     infer = to_infer_request(call.request, request_id=responder.id, cache_salt=cache_salt_for(identity))

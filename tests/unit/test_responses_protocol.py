@@ -252,7 +252,6 @@ def test_missing_model_and_input():
      "input[0].content[0].image_url", "needs an 'image_url'"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "previous_response_id"),
     ({"input": [{"id": "msg_1"}]}, "input[0].type", "Item references"),
-    ({"input": [{"type": "compaction", "encrypted_content": "x"}]}, "input[0].type", "Compaction items"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type", "only 'function' tools"),
     ({"tool_choice": {"type": "file_search"}, "tools": [WEATHER]}, "tool_choice.type", "not supported"),
     ({"conversation": "conv_1"}, "conversation", "previous_response_id"),

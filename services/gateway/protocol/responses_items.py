@@ -25,7 +25,7 @@ from services.gateway.protocol.common import (
 )
 
 ROLES = ("user", "system", "developer", "assistant")
-ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning", "compaction")
 CallId = Annotated[Str, Field(min_length=1, max_length=64)]
 FunctionName = Annotated[Str, Field(pattern=NAME_PATTERN)]
 Status = Literal["in_progress", "completed", "incomplete"]
@@ -145,6 +145,14 @@ class FunctionCallOutputItem(WireModel):
     status: Status | None = None
 
 
+class CompactionItem(WireModel):
+    """The opaque item `/v1/responses/compact` returns; the gateway expands it before `to_messages`."""
+
+    type: Literal["compaction"]
+    id: Str | None = None
+    encrypted_content: Annotated[Str, Field(max_length=10 * 2**20)]
+
+
 class ReasoningItem(WireModel):
     type: Literal["reasoning"]
     summary: list[SummaryText]
@@ -171,7 +179,6 @@ Message = tagged(by_field("role", ROLES), {
 _UNSUPPORTED_ITEMS = {
     "item_reference": "Item references ('item_reference' items) are not supported by this server; send the items "
                       "themselves, or use 'previous_response_id'.",
-    "compaction": "Compaction items are not supported as input by this server.",
 }
 
 
@@ -197,7 +204,8 @@ def _refuse_item(value: dict[str, Any]) -> Any:
 
 Item = tagged(_item_kind, {
     "message": Message, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem,
-    "reasoning": ReasoningItem, "other": Annotated[Any, PlainValidator(_refuse_item)]}, "an object")
+    "reasoning": ReasoningItem, "compaction": CompactionItem,
+    "other": Annotated[Any, PlainValidator(_refuse_item)]}, "an object")
 Input = tagged(by_type, {"str": Str, "list": list[Item]}, "a string or an array of input items")
 _ITEM: TypeAdapter[Any] = TypeAdapter(Item)
 
@@ -237,6 +245,8 @@ def _to_messages(instructions: str | None, items: list[Any]) -> list[pb.ChatMess
         if isinstance(item, ReasoningItem):
             reasoning += item.text
             continue
+        if isinstance(item, CompactionItem):
+            raise invalid("type", "A compaction item must be expanded before conversion.", "compaction")
         if isinstance(item, FunctionCallItem):
             if not out or out[-1].role != "assistant":  # consecutive calls are one turn's parallel calls
                 out.append(pb.ChatMessage(role="assistant"))

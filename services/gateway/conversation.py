@@ -1,0 +1,118 @@
+"""Conversations behind `previous_response_id`: stored snapshots, their resolution, compaction.
+
+Each stored response is self-contained: its response object plus the whole conversation it ends
+(every earlier input and output item, then its own). Continuing a chain reads one snapshot and
+never the parent's parent, so deleting a parent breaks no child and concurrent continuations of
+one parent are simply two snapshots (branches).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from pydantic import BaseModel
+
+from mship.state.v1 import state_pb2 as spb
+from services.gateway.errors import OpenAIError
+from services.gateway.protocol.responses_items import CompactionItem
+from services.state.client import NotFound, StateClient, StateError, Unavailable
+
+FINISHED_OK = ("completed", "incomplete", "cancelled")
+COMPACTION_KEY_ENV = "MSHIP_COMPACTION_KEY"
+
+
+def item_dict(item: Any) -> dict[str, Any]:
+    """A wire item as the JSON it is stored as, with an id (input items may come without)."""
+    data = item.model_dump(mode="json", exclude_none=True) if isinstance(item, BaseModel) else dict(item)
+    if "id" not in data:
+        prefix = {"function_call_output": "fco", "function_call": "fc", "reasoning": "rs"}.get(data.get("type", ""),
+                                                                                                "msg")
+        data["id"] = f"{prefix}_{uuid.uuid4().hex}"
+    if "role" in data and "type" not in data:
+        data["type"] = "message"
+    return data
+
+
+def previous_not_found(response_id: str) -> OpenAIError:
+    return OpenAIError(404, f"Previous response with id '{response_id}' not found.", param="previous_response_id",
+                       code="previous_response_not_found")
+
+
+def store_error(e: StateError) -> OpenAIError:
+    """A state failure as the HTTP error the client sees (503 for an outage, before engine work)."""
+    if isinstance(e, Unavailable):
+        return OpenAIError(503, "The response store is unavailable; retry shortly.", type="server_error",
+                           code="store_unavailable", headers={"Retry-After": "1"})
+    return OpenAIError(500, "The response store failed.", type="server_error", code="store_error")
+
+
+async def load_history(state: StateClient, identity: str, previous_id: str | None) -> list[dict[str, Any]]:
+    """The conversation `previous_id` ended: its items, ready to continue from."""
+    if not previous_id:
+        return []
+    try:
+        snapshot = await state.get_response(identity, previous_id)
+    except NotFound:
+        raise previous_not_found(previous_id) from None
+    except StateError as e:
+        raise store_error(e) from e
+    status = json.loads(snapshot.response_json).get("status")
+    if snapshot.HasField("run") and snapshot.run.status:
+        status = spb.RunStatus.Name(snapshot.run.status).removeprefix("RUN_STATUS_").lower()
+    if status not in FINISHED_OK:
+        raise OpenAIError(400, f"Previous response with id '{previous_id}' is {status}; it can be continued once "
+                          "it has finished.", param="previous_response_id")
+    return json.loads(snapshot.conversation_json or "[]")
+
+
+def snapshot_of(identity: str, response: dict[str, Any], history: Sequence[dict[str, Any]],
+                input_items: Sequence[dict[str, Any]], previous_id: str | None) -> spb.StoredResponse:
+    """The stored form of a response: its object, and the conversation it ends."""
+    output = [item for item in response.get("output", [])]
+    return spb.StoredResponse(
+        key=spb.ResponseKey(identity=identity, response_id=response["id"]), previous_response_id=previous_id or "",
+        response_json=json.dumps(response), conversation_json=json.dumps([*history, *input_items, *output]),
+        input_items=[spb.InputItem(id=item["id"], item_json=json.dumps(item)) for item in input_items],
+        created_at=response.get("created_at") or time.time())
+
+
+# ---- compaction -----------------------------------------------------------------------------------
+
+class CompactionCodec:
+    """Seals a conversation summary into a compaction item's `encrypted_content` (AES-GCM), so a
+    client can carry it into a new chain but neither read nor forge it. The key comes from
+    MSHIP_COMPACTION_KEY (base64 of 32 bytes), shared by every gateway replica."""
+
+    def __init__(self, key_b64: str | None = None) -> None:
+        raw = key_b64 or os.environ.get(COMPACTION_KEY_ENV)
+        self._aead = AESGCM(base64.b64decode(raw)) if raw else AESGCM(AESGCM.generate_key(bit_length=256))
+
+    @staticmethod
+    def new_key() -> str:
+        return base64.b64encode(AESGCM.generate_key(bit_length=256)).decode()
+
+    def seal(self, items: list[dict[str, Any]]) -> str:
+        nonce = os.urandom(12)
+        return base64.b64encode(nonce + self._aead.encrypt(nonce, json.dumps(items).encode(), b"mship")).decode()
+
+    def open(self, content: str) -> list[dict[str, Any]]:
+        try:
+            raw = base64.b64decode(content, validate=True)
+            return json.loads(self._aead.decrypt(raw[:12], raw[12:], b"mship"))
+        except Exception as e:  # tampered, truncated, or sealed under another key
+            raise OpenAIError(400, "The compaction item is invalid or was produced by another deployment.",
+                              param="input", code="invalid_compaction") from e
+
+    def expand(self, items: Sequence[Any]) -> list[Any]:
+        """Input items with each compaction item replaced by the items it sealed."""
+        out: list[Any] = []
+        for item in items:
+            out.extend(self.open(item.encrypted_content) if isinstance(item, CompactionItem) else [item])
+        return out
