@@ -46,19 +46,19 @@ class PlatformProcess:
         return f"127.0.0.1:{self.coordinator_port}"
 
     @classmethod
-    def start(cls, config: Path, log_path: Path, *, gateway_replicas: int = 2,
+    def start(cls, config: Path | None, log_path: Path, *, gateway_replicas: int = 2, state_store: str | None = None,
               env: dict[str, str] | None = None) -> PlatformProcess:
         ports = [free_port() for _ in range(3)]
-        cmd = [sys.executable, "-m", "clients.cli", "start", "--config", str(config),
+        cmd = [sys.executable, "-m", "clients.cli", "start", *(["--config", str(config)] if config else []),
                "--http-port", str(ports[0]), "--coordinator-port", str(ports[1]), "--state-port", str(ports[2]),
-               "--gateway-replicas", str(gateway_replicas)]
+               "--gateway-replicas", str(gateway_replicas), *(["--state-store", state_store] if state_store else [])]
         log = open(log_path, "w")
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {})}, start_new_session=True)
         return cls(proc, log_path, *ports)
 
     def wait_ready(self, timeout_s: float = 900) -> None:
-        """Poll /readyz until every expected model is routed."""
+        """Poll /readyz until every expected model is routed and the start command is done."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

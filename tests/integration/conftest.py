@@ -12,6 +12,7 @@ import pytest
 from mship.worker.v1 import worker_pb2_grpc
 from services.worker.process import WorkerProcess
 from tests.platform_process import PlatformProcess
+from tests.redis_server import RedisServer
 
 TINY = "tiny"
 # Two engine slots: a third request queues, which lets a test cancel a request before its first
@@ -54,12 +55,22 @@ models:
 
 
 @pytest.fixture(scope="session")
-def platform(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformProcess]:
-    """`mship start` with two gateway replicas and builtin:tiny-qwen2 as `tiny`."""
+def redis_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(Path(tmp_path_factory.mktemp("redis")))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def platform(tiny_model: str, redis_store: RedisServer,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformProcess]:
+    """`mship start` with two gateway replicas, builtin:tiny-qwen2 as `tiny`, state in Redis."""
     home = Path(tmp_path_factory.mktemp("platform"))
     config = home / "models.yaml"
     config.write_text(PLATFORM_MODELS)
-    proc = PlatformProcess.start(config, home / "mship.log", gateway_replicas=2)
+    proc = PlatformProcess.start(config, home / "mship.log", gateway_replicas=2, state_store=redis_store.url)
     try:
         proc.wait_ready()
         yield proc

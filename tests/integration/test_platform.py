@@ -270,10 +270,14 @@ def test_reconcile_removes_and_adds_models_on_every_gateway(platform, tmp_path):
     assert platform.find("mship-model-tiny-") == []  # the removed model's replica is gone
 
 
-def test_sigterm_stops_everything_within_30s(platform):
-    """Runs last in this module (pytest keeps file order): stops the session's platform."""
-    ray_processes = platform.descendants()
-    assert ray_processes
-    assert platform.stop() < 30
-    assert platform.proc.returncode == 0
-    assert [p for p in ray_processes if p.is_running() and p.status() != "zombie"] == []
+def test_sigterm_stops_everything_within_30s(tmp_path):
+    """A platform of its own (no models): SIGTERM ends it and every process it started."""
+    platform = PlatformProcess.start(None, tmp_path / "mship.log", gateway_replicas=1)
+    try:
+        platform.wait_ready()
+        started = platform.descendants()
+        assert platform.find("CoordinatorDeployment") and platform.find("GatewayDeployment")
+    finally:
+        took = platform.stop()
+    assert took < 30 and platform.proc.returncode == 0
+    assert [p for p in started if p.is_running() and p.status() != "zombie"] == []

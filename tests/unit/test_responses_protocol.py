@@ -6,15 +6,11 @@ worker events. Every object and event is checked against the saved Open Response
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
-from jsonschema import Draft202012Validator
-from openai import omit
-from openai.lib.streaming.responses._responses import ResponseStreamState
-from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter, ValidationError
+from openai.types.responses import Response
+from pydantic import ValidationError
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
@@ -30,44 +26,20 @@ from services.gateway.protocol import (
     sse_response_event,
     to_messages,
 )
-
-SPEC = json.loads((Path(__file__).parents[1] / "data" / "openresponses" / "openapi.json").read_text())
-_COMPONENTS = {"components": SPEC["components"]}
-_STREAM = SPEC["paths"]["/responses"]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
-RESPONSE_SCHEMA = Draft202012Validator({"$ref": "#/components/schemas/ResponseResource", **_COMPONENTS})
-EVENT_SCHEMA = Draft202012Validator({**_STREAM, **_COMPONENTS})
-CREATE_SCHEMA = Draft202012Validator({"$ref": "#/components/schemas/CreateResponseBody", **_COMPONENTS})
-SDK_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
-TERMINALS = {"response.completed", "response.incomplete", "response.failed"}
+from tests.openresponses import (
+    CREATE_SCHEMA,
+    EVENT_SCHEMA,
+    RESPONSE_SCHEMA,
+    SDK_EVENT,
+    SPEC,
+    check_events,
+    check_response,
+    spec_errors,
+)
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 TIME = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
-
-
-def spec_errors(validator: Draft202012Validator, obj: Any) -> list[str]:
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message[:300]}" for e in validator.iter_errors(obj)]
-
-
-def check_response(obj: dict[str, Any]) -> Response:
-    """Valid for the spec's ResponseResource and for the openai SDK's Response."""
-    assert spec_errors(RESPONSE_SCHEMA, obj) == []
-    return Response.model_validate(obj)
-
-
-def check_events(events: list[dict[str, Any]], start: int = 0) -> list[Any]:
-    """Each event valid for the spec's stream union and the SDK's; numbered from `start` with no
-    gaps; exactly one terminal event, last; and the SDK's own stream helper accepts the sequence."""
-    parsed = []
-    for event in events:
-        assert spec_errors(EVENT_SCHEMA, event) == [], event["type"]
-        parsed.append(SDK_EVENT.validate_python(event))
-    assert [e["sequence_number"] for e in events] == list(range(start, start + len(events)))
-    assert [e["type"] in TERMINALS for e in events].count(True) == 1 and events[-1]["type"] in TERMINALS
-    state = ResponseStreamState(input_tools=omit, text_format=omit)
-    for event in parsed:
-        state.handle_event(event)
-    return parsed
 
 
 def body(**kw: Any) -> dict[str, Any]:
