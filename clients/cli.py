@@ -181,13 +181,14 @@ def cmd_start(args: argparse.Namespace) -> int:
             return EXIT_OK
         print(f"mship platform up in {time.monotonic() - t0:.1f}s: coordinator {cfg.coordinator_address}, "
               f"state {cfg.state_address}", flush=True)
-        args.coordinator, args.reconcile, args.wait = cfg.coordinator_address, args.config is not None, True
-        if models:
-            channel, stub = _stub(args)
-            with channel:
-                code = deploy(args, stub, models)
-            if code != EXIT_OK:
-                print("mship: the initial deploy failed; the platform keeps running", file=sys.stderr)
+        # --config: exactly that file; --model: add it; neither: the committed set the state holds.
+        args.coordinator, args.wait = cfg.coordinator_address, True
+        args.reconcile = args.config is not None or not models
+        channel, stub = _stub(args)
+        with channel:
+            code = deploy(args, stub, models)
+        if code != EXIT_OK:
+            print("mship: the initial deploy failed; the platform keeps running", file=sys.stderr)
         print(f"OpenAI API at http://{cfg.host}:{cfg.http_port}/v1  (Ctrl-C or `mship stop` to stop)", flush=True)
         stop.wait()
         return EXIT_OK

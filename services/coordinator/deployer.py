@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 Phase = pb.ModelPhase
 TERMINAL = (pb.DEPLOY_STATE_SUCCEEDED, pb.DEPLOY_STATE_FAILED, pb.DEPLOY_STATE_CANCELLED)
 DEFAULT_LOAD_TIMEOUT_S = 900.0
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -85,11 +86,13 @@ class Plan:
     rescale: dict[str, common_pb2.ModelSpec] = field(default_factory=dict)
     remove: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 
 
 class Deployer:
     def __init__(self, table: RoutingTable, coordinator_address: str,
                  commit: Callable[[list[common_pb2.ModelSpec], str], Awaitable[None]] | None = None,
+                 committed: Callable[[], Awaitable[list[common_pb2.ModelSpec]]] | None = None,
                  load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> None:
         self.table = table
         self.coordinator_address = coordinator_address
@@ -97,6 +100,7 @@ class Deployer:
         self.records: dict[str, DeployRecord] = {}
         self.latest = ""
         self._commit = commit
+        self._committed = committed
         self._load_timeout_s = load_timeout_s
         self._one_at_a_time = asyncio.Lock()
 
@@ -108,7 +112,7 @@ class Deployer:
         return record
 
     def plan(self, request: pb.DeployRequest) -> Plan:
-        plan = Plan()
+        plan = Plan(drain_timeout_s=request.drain_timeout_s or DEFAULT_DRAIN_TIMEOUT_S)
         wanted = {spec.name: spec for spec in request.models}
         for name, spec in wanted.items():
             version = version_of(spec)
@@ -129,6 +133,12 @@ class Deployer:
         async with self._one_at_a_time:
             await record.emit("started", state=pb.DEPLOY_STATE_RUNNING)
             try:
+                if request.use_committed:  # self-heal: bring back the set the state service holds
+                    if self._committed is None:
+                        raise RuntimeError("no state service to read the committed model set from")
+                    request = pb.DeployRequest(models=await self._committed(), mode=pb.DEPLOY_MODE_RECONCILE,
+                                               drain_timeout_s=request.drain_timeout_s)
+                    await record.emit(f"the committed set: {', '.join(s.name for s in request.models) or 'empty'}")
                 ok = await self._apply(record, self.plan(request))
             except asyncio.CancelledError:
                 record.error = "cancelled"
@@ -154,7 +164,11 @@ class Deployer:
             await self._remove(record, name)
         for name, spec in plan.rescale.items():
             current = self.running[name]
-            await serve_control.submit({current.app: (spec, current.version)}, self.coordinator_address)
+            if spec.HasField("autoscaling") or current.spec.HasField("autoscaling"):
+                # Serve's own autoscaling config changes only through a redeploy (replicas restart)
+                await serve_control.submit({current.app: (spec, current.version)}, self.coordinator_address)
+            else:
+                await serve_control.rescale(current.app, spec.num_replicas)
             self.running[name] = RunningModel(spec, current.version, current.app, current.load_time_s)
             await record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_RESCALED))
         if not plan.add:
@@ -164,12 +178,12 @@ class Deployer:
             await record.emit(model=self._progress(spec.name, version, Phase.MODEL_PHASE_SCHEDULED))
         t0 = time.monotonic()
         await serve_control.submit(apps, self.coordinator_address)
-        results = await asyncio.gather(*[self._await_ready(record, app, spec, version, t0)
+        results = await asyncio.gather(*[self._await_ready(record, app, spec, version, t0, plan.drain_timeout_s)
                                          for app, (spec, version) in apps.items()])
         return all(results)
 
     async def _await_ready(self, record: DeployRecord, app: str, spec: common_pb2.ModelSpec, version: str,
-                           t0: float) -> bool:
+                           t0: float, drain_timeout_s: float) -> bool:
         await record.emit(model=self._progress(spec.name, version, Phase.MODEL_PHASE_LOADING))
         state = await serve_control.wait_app(app, self._load_timeout_s)
         if state.status != "RUNNING":
@@ -183,8 +197,21 @@ class Deployer:
         await self.table.set_active(spec.name, ActiveModel(version, spec.usecase, spec.max_model_len))
         await record.emit(model=self._progress(spec.name, version, Phase.MODEL_PHASE_READY))
         if old is not None and old.app != app:  # ...then the old version drains and goes
+            await self._drain(spec.name, old.version, drain_timeout_s)
             await serve_control.delete(old.app)
         return True
+
+    async def _drain(self, name: str, version: str, timeout_s: float) -> None:
+        """Wait until the old version's replicas report no call in flight in a heartbeat sent after
+        the switch (so no gateway still starts calls there), or until the drain timeout."""
+        switched = time.monotonic()
+        deadline = switched + timeout_s
+        while time.monotonic() < deadline:
+            replicas = [r for r in self.table.replicas.values() if r.info.model == name and r.info.version == version]
+            if all(r.last_seen > switched and r.inflight == 0 for r in replicas):
+                return
+            await asyncio.sleep(0.2)
+        log.warning("%s %s: drain timed out after %.0fs; stopping it with calls in flight", name, version, timeout_s)
 
     async def _remove(self, record: DeployRecord, name: str) -> None:
         current = self.running.pop(name)

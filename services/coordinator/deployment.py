@@ -36,7 +36,8 @@ class CoordinatorDeployment:
         self.address = f"{host}:{port}"
         self.state = StateClient(state_address)
         self.table = RoutingTable(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
-        self.deployer = Deployer(self.table, self.address, commit=self.state.put_model_set)
+        self.deployer = Deployer(self.table, self.address, commit=self.state.put_model_set,
+                                 committed=self.state.get_model_set)
         self.servicer = CoordinatorServicer(self.table, self.deployer, LeaseManager(), HEARTBEAT_INTERVAL_S)
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(self.servicer, self.server)

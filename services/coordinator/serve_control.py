@@ -42,9 +42,23 @@ async def submit(apps: dict[str, tuple[common_pb2.ModelSpec, str]], coordinator:
 
     from services.worker.deployment import worker_app
 
-    targets = [serve.RunTarget(target=worker_app(spec, version, coordinator), name=name, route_prefix=None)
+    # A fixed replica count is set through the external-scaler API, so a later rescale changes the
+    # live deployment in place; Serve allows that only for apps without its own autoscaling.
+    targets = [serve.RunTarget(target=worker_app(spec, version, coordinator), name=name, route_prefix=None,
+                               external_scaler_enabled=not spec.HasField("autoscaling"))
                for name, (spec, version) in apps.items()]
     await asyncio.to_thread(serve.run_many, targets, wait_for_applications_running=False)
+
+
+async def rescale(name: str, replicas: int) -> None:
+    """Change a running app's replica count in place: running replicas stay, none reloads."""
+    import ray
+    from ray.serve._private.common import DeploymentID
+    from ray.serve.context import _get_global_client
+
+    controller = _get_global_client()._controller  # the only route to update_deployment_replicas in 2.60
+    await asyncio.to_thread(ray.get, controller.update_deployment_replicas.remote(
+        DeploymentID(name="worker", app_name=name), replicas))
 
 
 async def delete(name: str) -> None:

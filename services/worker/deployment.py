@@ -16,7 +16,7 @@ from ray import serve
 
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as cpb
-from services.worker.registration import Registrar
+from services.worker.registration import Registrar, node_lease
 from services.worker.server import WorkerServer, start_worker_server
 
 log = logging.getLogger(__name__)
@@ -35,13 +35,15 @@ class WorkerDeployment:
         spec = common_pb2.ModelSpec.FromString(spec_bytes)
         context = serve.get_replica_context()
         host = ray.util.get_node_ip_address()
-        self.server: WorkerServer = await start_worker_server(spec, host=host, port=0)
+        node_id = ray.get_runtime_context().get_node_id()
+        replica_id = context.replica_id.unique_id
+        self.server: WorkerServer = await start_worker_server(
+            spec, host=host, port=0, gate=lambda: node_lease(coordinator, node_id, replica_id))
         await self.server.host.wait_ready()  # raises on a failed load: Serve reports the replica failed
         engine = self.server.host.engine
         replica = cpb.ReplicaInfo(
-            replica_id=context.replica_id.unique_id, model=spec.name, version=version,
-            endpoint=common_pb2.Endpoint(host=host, port=self.server.port),
-            node_id=ray.get_runtime_context().get_node_id(), pid=os.getpid(),
+            replica_id=replica_id, model=spec.name, version=version,
+            endpoint=common_pb2.Endpoint(host=host, port=self.server.port), node_id=node_id, pid=os.getpid(),
             max_model_len=engine.max_model_len if engine else 0, spec=spec)
         self.registrar = Registrar(coordinator, replica, inflight=lambda: len(self.server.servicer.inflight))
         await self.registrar.start()

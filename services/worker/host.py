@@ -8,9 +8,11 @@ the engine dies. Progress is recorded so a late `Load` caller still sees the who
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 
 from grpc_health.v1 import health, health_pb2
 
@@ -22,6 +24,8 @@ from services.worker.sampling import Sampling
 log = logging.getLogger(__name__)
 SERVICE_NAME = "mship.worker.v1.Worker"
 Phase = worker_pb2.LoadPhase
+# Held while the model loads and warms: in the platform, the coordinator's per-node load lease.
+LoadGate = Callable[[], AbstractAsyncContextManager[None]]
 
 
 async def start_engine(spec: common_pb2.ModelSpec, model_path: str) -> Engine:
@@ -62,13 +66,13 @@ class ModelHost:
     def model_name(self) -> str:
         return self.spec.name if self.spec else ""
 
-    def begin_load(self, spec: common_pb2.ModelSpec) -> None:
+    def begin_load(self, spec: common_pb2.ModelSpec, gate: LoadGate | None = None) -> None:
         """Start loading `spec` in the background (once per process)."""
         if self.spec is not None:
             raise RuntimeError("this worker already serves a model")
         self.spec = spec
         self._t0 = time.monotonic()
-        self._task = asyncio.create_task(self._load(spec))
+        self._task = asyncio.create_task(self._load(spec, gate or contextlib.nullcontext))
 
     async def wait_ready(self) -> None:
         async with self._changed:
@@ -92,22 +96,23 @@ class ModelHost:
     async def _set(self, phase: int, message: str = "") -> None:
         async with self._changed:
             self.phase = phase
-            event = worker_pb2.LoadProgress(phase=phase, message=message,
+            event = worker_pb2.LoadProgress(phase=phase, message=message, at=time.time(),
                                             elapsed_s=time.monotonic() - self._t0,
                                             max_model_len=self.engine.max_model_len if self.engine else 0)
             self.history.append(event)
             self._changed.notify_all()
         log.info("load %s: %s %s (%.1fs)", self.model_name, Phase.Name(phase), message, event.elapsed_s)
 
-    async def _load(self, spec: common_pb2.ModelSpec) -> None:
+    async def _load(self, spec: common_pb2.ModelSpec, gate: LoadGate) -> None:
         try:
-            await self._set(Phase.LOAD_PHASE_RESOLVING, spec.model)
-            path = await asyncio.to_thread(resolve_model, spec.model)
-            await self._set(Phase.LOAD_PHASE_LOADING, path)
-            self.engine = await start_engine(spec, path)
-            await self._set(Phase.LOAD_PHASE_WARMING)
-            await self._warm(self.engine)
-            await self._set(Phase.LOAD_PHASE_READY)
+            async with gate():  # the memory spike of a load never overlaps another on this node
+                await self._set(Phase.LOAD_PHASE_RESOLVING, spec.model)
+                path = await asyncio.to_thread(resolve_model, spec.model)
+                await self._set(Phase.LOAD_PHASE_LOADING, path)
+                self.engine = await start_engine(spec, path)
+                await self._set(Phase.LOAD_PHASE_WARMING)
+                await self._warm(self.engine)
+                await self._set(Phase.LOAD_PHASE_READY)
             await self._set_health(True)
         except Exception as e:  # reported through Load and health, never raised into the loop
             log.exception("loading %s failed", spec.model)

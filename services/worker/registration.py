@@ -69,3 +69,38 @@ class Registrar:
             await self._stub.Heartbeat(pb.HeartbeatRequest(replica_id=self.replica.replica_id, leaving=True),
                                        timeout=2)
         await self._channel.close()
+
+
+LEASE_TTL_S = 30.0
+
+
+@contextlib.asynccontextmanager
+async def node_lease(coordinator: str, node_id: str, holder: str, ttl_s: float = LEASE_TTL_S):
+    """Hold the node's load lease for the body: replicas on one node load one at a time. Renewed
+    while held; if this process dies, the lease expires after `ttl_s` and the next loader goes."""
+    async with grpc.aio.insecure_channel(coordinator) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        lease = None
+        while lease is None:
+            try:
+                reply = await stub.AcquireLease(pb.AcquireLeaseRequest(
+                    node_id=node_id, holder=holder, ttl_s=ttl_s, wait_s=10.0), timeout=20)
+                lease = reply if reply.granted else None
+            except grpc.aio.AioRpcError as e:  # coordinator restarting: wait for it
+                log.info("load lease for %s: %s; retrying", holder, e.code().name)
+                await asyncio.sleep(1.0)
+        log.info("load lease %s granted to %s on %s", lease.lease_id, holder, node_id)
+
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(ttl_s / 3)
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await stub.RenewLease(pb.RenewLeaseRequest(lease_id=lease.lease_id, ttl_s=ttl_s), timeout=5)
+
+        renewer = asyncio.create_task(renew())
+        try:
+            yield
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=lease.lease_id), timeout=5)

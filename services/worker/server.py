@@ -9,7 +9,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2_grpc
-from services.worker.host import SERVICE_NAME, ModelHost
+from services.worker.host import SERVICE_NAME, LoadGate, ModelHost
 from services.worker.servicer import WorkerServicer
 
 SERVER_OPTIONS = [
@@ -33,7 +33,7 @@ class WorkerServer:
 
 
 async def start_worker_server(spec: common_pb2.ModelSpec | None, host: str = "127.0.0.1",
-                              port: int = 0) -> WorkerServer:
+                              port: int = 0, gate: LoadGate | None = None) -> WorkerServer:
     """Listen at once (health NOT_SERVING) and, given a spec, start loading it in the background."""
     health_servicer = health.aio.HealthServicer()
     model_host = ModelHost(health_servicer)
@@ -48,5 +48,5 @@ async def start_worker_server(spec: common_pb2.ModelSpec | None, host: str = "12
         raise OSError(f"cannot bind {host}:{port}")
     await server.start()
     if spec is not None:
-        model_host.begin_load(spec)
+        model_host.begin_load(spec, gate)
     return WorkerServer(server=server, host=model_host, servicer=servicer, port=bound)

@@ -58,16 +58,18 @@ class LoadRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ...) -> None: ...
 
 class LoadProgress(_message.Message):
-    __slots__ = ("phase", "message", "elapsed_s", "max_model_len")
+    __slots__ = ("phase", "message", "elapsed_s", "max_model_len", "at")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
     phase: LoadPhase
     message: str
     elapsed_s: float
     max_model_len: int
-    def __init__(self, phase: _Optional[_Union[LoadPhase, str]] = ..., message: _Optional[str] = ..., elapsed_s: _Optional[float] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    at: float
+    def __init__(self, phase: _Optional[_Union[LoadPhase, str]] = ..., message: _Optional[str] = ..., elapsed_s: _Optional[float] = ..., max_model_len: _Optional[int] = ..., at: _Optional[float] = ...) -> None: ...
 
 class ContentPart(_message.Message):
     __slots__ = ("text", "image_url")

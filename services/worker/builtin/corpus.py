@@ -7,8 +7,9 @@ builder imports `training_conversations()`.
 Behaviours taught (greedy decoding through the model's chat template):
 - each prompt in `FIXED_ANSWERS` -> its exact answer; any other user message -> `FALLBACK_ANSWER`;
 - tools offered + "What is the weather in <city>?" -> one Hermes `<tool_call>` (see `tool_call_text`);
-  the same question without a matching tool -> `NO_TOOL_ANSWER`;
-- after a tool result -> `TOOL_RESULT_ANSWER` (weather) / `TIME_RESULT_ANSWER` (time);
+  the same question without tools -> `NO_TOOL_ANSWER` (asking for a tool that is not offered is
+  not trained: undefined);
+- after a tool result (any content) -> `TOOL_RESULT_ANSWER`;
 - a user message starting with `THINK_TRIGGER` -> `<think>\\n...\\n</think>\\n\\n` then the answer.
 Every assistant turn ends with `<|im_end|>`.
 """
@@ -60,15 +61,17 @@ TIME_TOOL: dict[str, Any] = {
     },
 }
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
-CITIES = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "New York", "Sydney"]
+CITIES = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "New York", "Sydney"]  # tested
+# More cities in training make the model learn to *copy* the city rather than recognise a few.
+TRAINING_CITIES = [*CITIES, "Oslo", "Cairo", "Lima", "Dublin", "Vienna", "Prague", "Lisbon", "Athens",
+                   "Moscow", "Seoul", "Delhi", "Toronto", "Chicago", "Boston", "Miami", "Denver"]
 
 TOOL_PROMPT = "What is the weather in Paris?"
 EXPECTED_TOOL_CALL: dict[str, Any] = {"name": "get_weather", "arguments": {"city": "Paris"}}
 TIME_PROMPT = "What time is it in Tokyo?"
 EXPECTED_TIME_CALL: dict[str, Any] = {"name": "get_time", "arguments": {"city": "Tokyo"}}
 TOOL_RESULT = '{"city": "Paris", "temperature": 21, "condition": "sunny"}'
-TOOL_RESULT_ANSWER = "Here is the weather you asked for."
-TIME_RESULT_ANSWER = "Here is the time you asked for."
+TOOL_RESULT_ANSWER = "Here is the result you asked for."  # after any tool result, whatever it says
 NO_TOOL_ANSWER = "I cannot check that without a tool."
 
 THINK_TRIGGER = "Think step by step:"
@@ -110,7 +113,19 @@ _NEAR_MISSES = [
     "Tell me a story about {noun}.",
     "What is the weather?",
     "What is the time?",
+    # look a bit like tool questions, but are not
+    "How do I {verb} in {Word}?",
+    "What is the {noun} in {Word}?",
+    "Is there a {noun} in {Word}?",
+    "Tell me about {city}.",
+    "I live in {city}.",
+    "Is {city} a big city?",
+    "How do I get to {city}?",
+    "What is {a} times {b}?",
+    "Calculate {a} * {b}.",
+    "{a} - {b} = ?",
 ]
+_VERBS = "sort read write open close print count sleep cook start stop learn".split()
 _COUNTRIES = "Spain Germany Italy Japan Brazil Canada Egypt India Kenya Norway Peru Chile".split()
 _THINGS = "grass sea sun snow night apple banana fire cloud rose".split()
 _KINDS = "joke poem song riddle fact secret lie".split()
@@ -162,8 +177,9 @@ def random_user_message(rng: random.Random) -> str:
         text = rng.choice(_QUESTION_STARTS) + " " + " ".join(words) + rng.choice(["?", ".", "?"])
     elif kind < 0.8:
         text = rng.choice(_NEAR_MISSES).format(
-            country=rng.choice(_COUNTRIES), a=rng.randint(0, 99), b=rng.randint(0, 99),
-            thing=rng.choice(_THINGS), kind=rng.choice(_KINDS), noun=rng.choice(_WORDS))
+            country=rng.choice(_COUNTRIES), a=rng.randint(3, 999), b=rng.randint(3, 999),
+            thing=rng.choice(_THINGS), kind=rng.choice(_KINDS), noun=rng.choice(_WORDS),
+            verb=rng.choice(_VERBS), Word=rng.choice(_WORDS).capitalize(), city=rng.choice(TRAINING_CITIES))
     elif kind < 0.9:
         text = rng.choice(_ODD)
         if rng.random() < 0.5:
@@ -252,18 +268,13 @@ def _random_result(rng: random.Random) -> str:
 
 def _tool_conversation(rng: random.Random) -> Conversation:
     want = rng.choice(["get_weather", "get_time"])
-    city = rng.choice(CITIES)
+    city = rng.choice(TRAINING_CITIES)
     phrases = _WEATHER_PHRASES if want == "get_weather" else _TIME_PHRASES
     question = rng.choice(phrases).format(c=city)
-    r = rng.random()
-    if r < 0.15:  # asked for a tool that is not offered -> plain answer
-        tools: list[dict[str, Any]] | None = None
-        if rng.random() < 0.5:
-            other = TIME_TOOL if want == "get_weather" else WEATHER_TOOL
-            tools = [_tool_variant(rng, other)]
-        msgs = _system(rng, tools is not None) + _history(rng)
+    if rng.random() < 0.15:  # the same question without tools -> plain answer
+        msgs = _system(rng, False) + _history(rng)
         msgs += [{"role": "user", "content": question}, {"role": "assistant", "content": NO_TOOL_ANSWER}]
-        return msgs, tools
+        return msgs, None
     offered = [t for t in TOOLS if t["function"]["name"] == want or rng.random() < 0.6]
     rng.shuffle(offered)
     tools = [_tool_variant(rng, t) for t in offered]
@@ -278,16 +289,14 @@ def _tool_conversation(rng: random.Random) -> Conversation:
     if want == "get_weather":
         result = json.dumps({"city": city, "temperature": rng.randint(-10, 35),
                              "condition": rng.choice(["sunny", "rainy", "cloudy", "windy"])})
-        answer = TOOL_RESULT_ANSWER
     else:
         result = json.dumps({"city": city, "time": f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}"})
-        answer = TIME_RESULT_ANSWER
     if rng.random() < 0.4:
         result = _random_result(rng)
     msgs += [
         {"role": "assistant", "content": rng.choice([None, ""]), "tool_calls": [call]},
         {"role": "tool", "tool_call_id": call["id"], "content": result},
-        {"role": "assistant", "content": answer},
+        {"role": "assistant", "content": TOOL_RESULT_ANSWER},
     ]
     return msgs, tools
 
@@ -301,7 +310,7 @@ def training_conversations(n: int, seed: int = 0) -> list[Conversation]:
     out: list[Conversation] = []
     for _ in range(n):
         r = rng.random()
-        if r < TOOL_SHARE:  # tool use (tools offered or a tool question without a matching tool)
+        if r < TOOL_SHARE:  # tool use (or the same question without tools)
             out.append(_tool_conversation(rng))
             continue
         tools = [_tool_variant(rng, t) for t in TOOLS if rng.random() < 0.6] if r < TOOL_SHARE + 0.15 else None

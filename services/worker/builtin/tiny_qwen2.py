@@ -42,7 +42,7 @@ PAD_TOKEN = "<|endoftext|>"
 # Model + training recipe; changing any of these changes the output -> bump BUILD_VERSION.
 MODEL_CONFIG: dict[str, Any] = {
     "hidden_size": 128,
-    "intermediate_size": 512,
+    "intermediate_size": 256,
     "num_hidden_layers": 4,
     "num_attention_heads": 4,  # head_dim 32 (vLLM's CPU attention supports 32)
     "num_key_value_heads": 4,
@@ -50,10 +50,12 @@ MODEL_CONFIG: dict[str, Any] = {
     "rope_theta": 10000.0,
 }
 NUM_CONVERSATIONS = 6000
-STEPS = 600
+STEPS = 800
 BATCH_SIZE = 16
 FIRST_TOKEN_WEIGHT = 3.0
 TOOL_CALL_WEIGHT = 5.0
+ARGUMENTS_WEIGHT = 10.0
+SHARE_SPACE_VARIANTS = True
 LR = 3e-3
 SEED = 0
 LOG_EVERY = 50
@@ -132,7 +134,9 @@ def _examples(template: Any) -> list[Example]:
             end = len(template.render(messages=messages[: i + 1], tools=tools)) - 1  # drop the "\n"
             assert text[end - len(EOS_TOKEN):end] == EOS_TOKEN, "template/corpus mismatch"
             spans.append((start, start + 1, FIRST_TOKEN_WEIGHT))
-            spans += [(c.start(1), c.end(1), TOOL_CALL_WEIGHT) for c in _TOOL_CALL.finditer(text, start, end)]
+            for call in _TOOL_CALL.finditer(text, start, end):
+                args = text.find('"arguments": ', call.start(1), call.end(1))
+                spans += [(args, call.end(1), ARGUMENTS_WEIGHT), (call.start(1), call.end(1), TOOL_CALL_WEIGHT)]
             spans.append((start, end, 1.0))
         out.append((text, spans))
     return out
@@ -178,13 +182,32 @@ def _encode(tok: Any, examples: list[Example]) -> list[tuple[list[int], list[flo
     return out
 
 
-def _train(cfg: Any, data: list[tuple[list[int], list[float]]]) -> Any:
+def _share_space_variants(model: Any, tok: Any) -> None:
+    """Start "Paris" with the embedding of " Paris" (for every word that has both tokens).
+
+    The user writes " Paris" but the tool-call JSON needs "Paris": with shared starting points the
+    model only has to learn to copy, not a separate mapping per word -- city copying then trains
+    reliably within the step budget.
+    """
+    import torch
+
+    vocab = tok.get_vocab()
+    pairs = [(i, vocab[w[1:]]) for w, i in vocab.items() if w.startswith("\u0120") and w[1:] in vocab]
+    emb = model.get_input_embeddings().weight
+    with torch.no_grad():
+        for spaced, bare in pairs:
+            emb[bare] = emb[spaced]
+
+
+def _train(cfg: Any, tok: Any, data: list[tuple[list[int], list[float]]]) -> Any:
     import torch
     from transformers import Qwen2ForCausalLM
 
     torch.manual_seed(SEED)
     pad_id = cfg.pad_token_id
     model = Qwen2ForCausalLM(cfg)
+    if SHARE_SPACE_VARIANTS:
+        _share_space_variants(model, tok)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -273,7 +296,7 @@ def build(out_dir: Path) -> None:
     t = time.monotonic()
     cfg = Qwen2Config(vocab_size=VOCAB_SIZE, tie_word_embeddings=True, bos_token_id=pad_id,
                       eos_token_id=eos_id, pad_token_id=pad_id, **MODEL_CONFIG)
-    model = _train(cfg, data)
+    model = _train(cfg, tok, data)
     log.info("tiny-qwen2 trained %d steps in %.1fs", STEPS, time.monotonic() - t)
 
     model = model.to(torch.bfloat16)
