@@ -170,6 +170,11 @@ class Deployer:
             else:
                 await serve_control.rescale(current.app, spec.num_replicas)
             self.running[name] = RunningModel(spec, current.version, current.app, current.load_time_s)
+            await record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_LOADING))
+            if not await self._await_replicas(name, current.version, spec, self._load_timeout_s):
+                await record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_FAILED,
+                                                       reason="the replica count was not reached in time"))
+                return False
             await record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_RESCALED))
         if not plan.add:
             return True
@@ -199,6 +204,17 @@ class Deployer:
         if old is not None and old.app != app:  # ...then the old version drains and goes
             await self._drain(spec.name, old.version, drain_timeout_s)
             await serve_control.delete(old.app)
+        return True
+
+    async def _await_replicas(self, name: str, version: str, spec: common_pb2.ModelSpec, timeout_s: float) -> bool:
+        """Wait until the routing table holds the spec's replica count (autoscaled: its minimum)."""
+        autoscaled = spec.HasField("autoscaling")
+        want = max(1, spec.autoscaling.min_replicas if autoscaled else spec.num_replicas)
+        deadline = time.monotonic() + timeout_s
+        while not ((n := len(self.table.live(name, version))) >= want if autoscaled else n == want):
+            if time.monotonic() > deadline:
+                return False
+            await self.table.wait_newer(self.table.version, max(0.1, deadline - time.monotonic()))
         return True
 
     async def _drain(self, name: str, version: str, timeout_s: float) -> None:
