@@ -34,11 +34,10 @@ async def start_engine(spec: common_pb2.ModelSpec, model_path: str) -> Engine:
         from google.protobuf.json_format import MessageToDict
 
         from services.worker.vllm_engine import VllmEngine, engine_args_for
-        args = engine_args_for(model_path, spec.name, max_model_len=spec.max_model_len,
-                               max_num_seqs=spec.max_num_seqs,
-                               embed=spec.usecase == common_pb2.USECASE_EMBED,
-                               overrides=MessageToDict(spec.engine_args) if spec.HasField("engine_args") else None)
-        return await VllmEngine.start(args)
+        overrides = MessageToDict(spec.engine_args) if spec.HasField("engine_args") else None
+        return await VllmEngine.start(lambda: engine_args_for(
+            model_path, spec.name, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
+            embed=spec.usecase == common_pb2.USECASE_EMBED, overrides=overrides))
     raise ValueError(f"loader {common_pb2.Loader.Name(spec.loader)} is not available in this worker")
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -93,16 +94,24 @@ class VllmEngine(Engine):
         self.max_model_len = int(engine.model_config.max_model_len)
 
     @classmethod
-    async def start(cls, engine_args: dict[str, Any]) -> VllmEngine:
-        set_engine_env()
-        from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
+    async def start(cls, engine_args: Callable[[], dict[str, Any]]) -> VllmEngine:
+        """Import vLLM and start the engine in a thread: both block for seconds to minutes, and the
+        worker's loop must keep answering health and load probes meanwhile. With no running loop
+        there, AsyncLLM starts its output handler lazily, on this loop, at the first request."""
         stats = EngineStats()
-        engine = AsyncLLM.from_engine_args(
-            AsyncEngineArgs(**engine_args),
-            stat_loggers=[lambda vllm_config, engine_index=0: _StatsRecorder(stats)])
-        return cls(engine, stats, embed=engine_args.get("runner") == "pooling")
+
+        def build() -> tuple[Any, bool]:
+            set_engine_env()
+            from vllm import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            args = engine_args()
+            engine = AsyncLLM.from_engine_args(
+                AsyncEngineArgs(**args), stat_loggers=[lambda vllm_config, engine_index=0: _StatsRecorder(stats)])
+            return engine, args.get("runner") == "pooling"
+
+        engine, embed = await asyncio.to_thread(build)
+        return cls(engine, stats, embed=embed)
 
     async def render(self, req: RenderRequest) -> Prompt:
         from vllm.renderers.params import ChatParams, TokenizeParams

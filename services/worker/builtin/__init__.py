@@ -77,6 +77,7 @@ def resolve_model_ref(ref: str) -> str:
             try:
                 log.info("building %s into %s", ref, target)
                 module.build(tmp)
+                tmp.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared
                 os.rename(tmp, target)  # atomic: the target never exists half-built
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)

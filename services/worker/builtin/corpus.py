@@ -163,6 +163,35 @@ def think_text(reasoning: str, answer: str) -> str:
     return f"<think>\n{reasoning}\n</think>\n\n{answer}"
 
 
+def tool_result_conversation(arguments_as_json_text: bool = False) -> list[Message]:
+    """`TOOL_PROMPT`, the model's call to `get_weather`, and `TOOL_RESULT`: next comes `TOOL_RESULT_ANSWER`."""
+    args = EXPECTED_TOOL_CALL["arguments"]
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": EXPECTED_TOOL_CALL["name"],
+                         "arguments": json.dumps(args) if arguments_as_json_text else args}}
+    return [
+        {"role": "user", "content": TOOL_PROMPT},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": TOOL_RESULT},
+    ]
+
+
+def check_cases() -> list[tuple[list[Message], list[dict[str, Any]] | None, str]]:
+    """(messages, tools, exact assistant text before EOS) for each taught behaviour."""
+    cases: list[tuple[list[Message], list[dict[str, Any]] | None, str]] = [
+        ([{"role": "user", "content": q}], None, a) for q, a in FIXED_ANSWERS.items()
+    ]
+    cases += [([{"role": "user", "content": q}], None, FALLBACK_ANSWER) for q in UNSEEN_PROMPTS[:4]]
+    cases += [
+        ([{"role": "user", "content": TOOL_PROMPT}], [WEATHER_TOOL], tool_call_text(**EXPECTED_TOOL_CALL)),
+        ([{"role": "user", "content": TIME_PROMPT}], TOOLS, tool_call_text(**EXPECTED_TIME_CALL)),
+        ([{"role": "user", "content": TOOL_PROMPT}], None, NO_TOOL_ANSWER),
+        (tool_result_conversation(), TOOLS, TOOL_RESULT_ANSWER),
+        ([{"role": "user", "content": THINK_PROMPT}], None, think_text(THINK_REASONING, EXPECTED_THINK_ANSWER)),
+    ]
+    return cases
+
+
 def random_user_message(rng: random.Random) -> str:
     """A varied user message that is none of the fixed/tool prompts (-> fallback answer)."""
     kind = rng.random()
@@ -226,9 +255,9 @@ def _reply(text: str) -> tuple[str, str]:
 
 def _plain_turn(rng: random.Random) -> tuple[str, str]:
     r = rng.random()
-    if r < 0.35:
+    if r < 0.3:
         return _reply(rng.choice(list(FIXED_ANSWERS)))
-    if r < 0.5:
+    if r < 0.52:
         return _think_turn(rng)
     return _reply(random_user_message(rng))
 
@@ -281,7 +310,7 @@ def _tool_conversation(rng: random.Random) -> Conversation:
     args = {"city": city}
     msgs = _system(rng, True) + _history(rng) + [{"role": "user", "content": question}]
     if rng.random() < 0.45:  # just the call
-        return msgs + [{"role": "assistant", "content": tool_call_text(want, args)}], tools
+        return [*msgs, {"role": "assistant", "content": tool_call_text(want, args)}], tools
     # the call rendered back from `tool_calls` (arguments as dict, the way vLLM passes them, or str)
     call_args: Any = args if rng.random() < 0.7 else json.dumps(args)
     call = {"id": f"call_{rng.randrange(10**6)}", "type": "function",

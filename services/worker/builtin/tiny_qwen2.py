@@ -130,9 +130,11 @@ def _examples(template: Any) -> list[Example]:
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
-            start = len(template.render(messages=messages[:i], tools=tools, add_generation_prompt=True))
+            prompt = template.render(messages=messages[:i], tools=tools, add_generation_prompt=True)
+            start = len(prompt)
             end = len(template.render(messages=messages[: i + 1], tools=tools)) - 1  # drop the "\n"
-            assert text[end - len(EOS_TOKEN):end] == EOS_TOKEN, "template/corpus mismatch"
+            if not text.startswith(prompt) or text[end - len(EOS_TOKEN):end] != EOS_TOKEN:
+                raise RuntimeError("chat template is not prefix-stable; cannot locate assistant turns")
             spans.append((start, start + 1, FIRST_TOKEN_WEIGHT))
             for call in _TOOL_CALL.finditer(text, start, end):
                 args = text.find('"arguments": ', call.start(1), call.end(1))
@@ -264,31 +266,66 @@ def _train(cfg: Any, tok: Any, data: list[tuple[list[int], list[float]]]) -> Any
     return model
 
 
+def _self_check(model: Any, tok: Any) -> tuple[int, int]:
+    """Teacher-forced greedy check of `corpus.check_cases()`: (cases reproduced exactly, total).
+
+    A case passes when the argmax at every answer position is the expected token, which is exactly
+    "greedy decoding produces this answer and then EOS".
+    """
+    import torch
+
+    ok = 0
+    cases = corpus.check_cases()
+    for messages, tools, expected in cases:
+        prompt = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        n = len(tok(prompt, add_special_tokens=False)["input_ids"])
+        ids = tok(prompt + expected + EOS_TOKEN, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            pred = model(input_ids=ids).logits[0, n - 1:-1].argmax(-1)
+        good = bool((pred == ids[0, n:]).all())
+        ok += good
+        if not good:
+            log.warning("tiny-qwen2 self-check: %r -> %r, expected %r", messages[-1]["content"],
+                        tok.decode(pred), expected)
+    return ok, len(cases)
+
+
 def build(out_dir: Path) -> None:
     """Train the tokenizer and model and write a vLLM/transformers-loadable directory to `out_dir`."""
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config
 
     t_start = time.monotonic()
     random.seed(SEED)
     torch.manual_seed(SEED)
-    torch.set_num_threads(2)  # reproducible, and polite on small CI boxes
-    out_dir.mkdir(parents=True, exist_ok=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # same float summation order everywhere -> reproducible weights
+    try:
+        _build(out_dir, t_start)
+    finally:
+        torch.set_num_threads(threads)
 
+
+def _build(out_dir: Path, t_start: float) -> None:
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config
+
+    out_dir.mkdir(parents=True, exist_ok=True)
     template = _compile_template()
     examples = _examples(template)
     t = time.monotonic()
     log.info("tiny-qwen2 corpus: %d conversations rendered in %.1fs", len(examples), t - t_start)
     _build_tokenizer([text for text, _ in examples]).save_pretrained(out_dir)
-    # Reload the way transformers/vLLM will (AutoTokenizer picks Qwen2Tokenizer from config.json).
-    Qwen2Config(vocab_size=VOCAB_SIZE, **MODEL_CONFIG).save_pretrained(out_dir)  # overwritten later
+    # Reload the way transformers/vLLM will (AutoTokenizer picks Qwen2Tokenizer from config.json),
+    # so training sees exactly the token ids serving will see.
+    Qwen2Config(vocab_size=VOCAB_SIZE, **MODEL_CONFIG).save_pretrained(out_dir)  # rewritten below
     tok = AutoTokenizer.from_pretrained(out_dir)
     eos_id, pad_id = tok.convert_tokens_to_ids(EOS_TOKEN), tok.convert_tokens_to_ids(PAD_TOKEN)
-    # The fast render above must be exactly what transformers (and so vLLM) renders.
+    # Our fast jinja render must be exactly what transformers (and so vLLM) renders.
     for messages, tools in corpus.training_conversations(20, seed=SEED + 1):
         ours = template.render(messages=messages, tools=tools, add_generation_prompt=True)
         theirs = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-        assert ours == theirs, "chat template renders differently in transformers"
+        if ours != theirs:
+            raise RuntimeError("chat template renders differently in transformers")
     data = _encode(tok, examples)
     log.info("tiny-qwen2 tokenizer: %d tokens (%s), mean example %d tokens (%.1fs)", len(tok),
              type(tok).__name__, sum(len(d[0]) for d in data) // len(data), time.monotonic() - t)
@@ -299,7 +336,10 @@ def build(out_dir: Path) -> None:
     model = _train(cfg, tok, data)
     log.info("tiny-qwen2 trained %d steps in %.1fs", STEPS, time.monotonic() - t)
 
-    model = model.to(torch.bfloat16)
+    model = model.to(torch.bfloat16)  # check what vLLM will run
+    ok, total = _self_check(model, tok)
+    log.log(logging.INFO if ok == total else logging.WARNING,
+            "tiny-qwen2 self-check (bf16, greedy): %d/%d fixed cases exact", ok, total)
     model.config.dtype = "bfloat16"
     model.save_pretrained(out_dir, safe_serialization=True)
     GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(out_dir)
