@@ -27,9 +27,10 @@ STATE_NAMES = {v: k.removeprefix("DEPLOY_STATE_").lower() for k, v in pb.DeployS
 PHASE_NAMES = {v: k.removeprefix("MODEL_PHASE_").lower() for k, v in pb.ModelPhase.items()}
 
 
-def pidfile() -> Path:
+def pidfile(coordinator: str) -> Path:
+    """Where `mship start` leaves its pid, per coordinator port: several platforms may share a host."""
     root = Path(os.environ.get("MSHIP_CACHE_DIR") or Path.home() / ".cache" / "mship")
-    return root / "run" / "mship-start.pid"
+    return root / "run" / f"mship-start-{coordinator.rsplit(':', 1)[-1]}.pid"
 
 
 def _models_from_args(args: argparse.Namespace) -> list[common_pb2.ModelSpec]:
@@ -169,7 +170,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
-    pid = pidfile()
+    pid = pidfile(cfg.coordinator_address)
     pid.parent.mkdir(parents=True, exist_ok=True)
     pid.write_text(str(os.getpid()))
     try:
@@ -198,16 +199,17 @@ def cmd_start(args: argparse.Namespace) -> int:
     finally:
         print("stopping mship ...", flush=True)
         stop_platform()
-        pid.unlink(missing_ok=True)
+        if pid.exists() and pid.read_text() == str(os.getpid()):
+            pid.unlink()
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    pid = pidfile()
+    pid = pidfile(args.coordinator)
     try:
         target = int(pid.read_text())
         os.kill(target, signal.SIGTERM)
     except (OSError, ValueError):
-        print("mship: no running `mship start` found", file=sys.stderr)
+        print(f"mship: no running `mship start` found for the coordinator at {args.coordinator}", file=sys.stderr)
         return EXIT_UNREACHABLE
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -69,7 +69,9 @@ class _StatsRecorder:
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
         if scheduler_stats is not None:
             self._sink.running_requests = scheduler_stats.num_running_reqs
-            self._sink.waiting_requests = scheduler_stats.num_waiting_reqs
+            # requests held back by a transient limit (e.g. max_num_seqs) are waiting too
+            self._sink.waiting_requests = (scheduler_stats.num_waiting_reqs
+                                           + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0))
             self._sink.kv_cache_usage = scheduler_stats.kv_cache_usage
         if iteration_stats is not None:
             self._sink.generated_tokens_total += iteration_stats.num_generation_tokens
