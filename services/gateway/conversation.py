@@ -37,6 +37,9 @@ def item_dict(item: Any) -> dict[str, Any]:
         data["id"] = f"{prefix}_{uuid.uuid4().hex}"
     if "role" in data and "type" not in data:
         data["type"] = "message"
+    if data.get("type") == "message" and isinstance(data.get("content"), str):  # the canonical item form
+        part = "output_text" if data.get("role") == "assistant" else "input_text"
+        data["content"] = [{"type": part, "text": data["content"]}]
     return data
 
 
@@ -75,7 +78,7 @@ async def load_history(state: StateClient, identity: str, previous_id: str | Non
 def snapshot_of(identity: str, response: dict[str, Any], history: Sequence[dict[str, Any]],
                 input_items: Sequence[dict[str, Any]], previous_id: str | None) -> spb.StoredResponse:
     """The stored form of a response: its object, and the conversation it ends."""
-    output = [item for item in response.get("output", [])]
+    output = list(response.get("output", []))
     return spb.StoredResponse(
         key=spb.ResponseKey(identity=identity, response_id=response["id"]), previous_response_id=previous_id or "",
         response_json=json.dumps(response), conversation_json=json.dumps([*history, *input_items, *output]),
