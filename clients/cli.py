@@ -162,7 +162,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         return EXIT_BAD_CONFIG
     cfg = PlatformConfig(host=args.host, http_port=args.http_port, coordinator_port=args.coordinator_port,
                          state_port=args.state_port, gateway_replicas=args.gateway_replicas,
-                         state_store=args.state_store or os.environ.get("MSHIP_STATE_STORE", "memory://"))
+                         state_store=args.state_store or os.environ.get("MSHIP_STATE_STORE", "memory://"),
+                         ray_address=args.ray_address)
     stop = threading.Event()
 
     def on_signal(*_: object) -> None:
@@ -245,6 +246,8 @@ def parser() -> argparse.ArgumentParser:
     start.add_argument("--state-port", type=int, default=50052)
     start.add_argument("--state-store", help="memory:// (default) or redis://host:port/db")
     start.add_argument("--gateway-replicas", type=int, default=1)
+    start.add_argument("--ray-address", help="join this Ray cluster (e.g. `auto` under KubeRay) instead of "
+                       "starting an embedded one")
     dep = sub.add_parser("deploy", help="apply a model set")
     _model_flags(dep)
     dep.add_argument("--reconcile", action="store_true", help="make the running set exactly this one")

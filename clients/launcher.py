@@ -33,6 +33,7 @@ class PlatformConfig:
     state_store: str = "memory://"
     gateway_replicas: int = 1
     num_cpus: int = 0  # logical CPUs for Ray; 0 = 4 per physical core (replicas are small)
+    ray_address: str | None = None  # join this Ray cluster (e.g. "auto" under KubeRay) instead of embedding one
 
     @property
     def coordinator_address(self) -> str:
@@ -63,9 +64,13 @@ def start_platform(cfg: PlatformConfig) -> None:
                                             "MSHIP_CACHE_DIR", "MSHIP_REDIS_PASSWORD", "VLLM_CPU_KVCACHE_SPACE",
                                             "MSHIP_TRUST_IDENTITY_HEADER", COMPACTION_KEY_ENV)
                 if k in os.environ}
-    ray.init(address="local", num_cpus=cfg.num_cpus or 4 * (os.cpu_count() or 2), include_dashboard=False,
-             namespace=NAMESPACE, log_to_driver=False, _node_ip_address=cfg.host if cfg.host.startswith("127.")
-             else None, runtime_env={"env_vars": env_vars})
+    if cfg.ray_address:
+        ray.init(address=cfg.ray_address, namespace=NAMESPACE, log_to_driver=False,
+                 runtime_env={"env_vars": env_vars})
+    else:
+        ray.init(address="local", num_cpus=cfg.num_cpus or 4 * (os.cpu_count() or 2), include_dashboard=False,
+                 namespace=NAMESPACE, log_to_driver=False, runtime_env={"env_vars": env_vars},
+                 _node_ip_address=cfg.host if cfg.host.startswith("127.") else None)
     serve.start(proxy_location="Disabled")
     serve.run(StateDeployment.bind(cfg.host, cfg.state_port, cfg.state_store), name=STATE_APP, route_prefix=None)
     serve.run(CoordinatorDeployment.bind(cfg.host, cfg.coordinator_port, cfg.state_address),
