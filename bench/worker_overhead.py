@@ -97,7 +97,9 @@ async def throughput(path, streams: int, max_tokens: int) -> tuple[float, list[f
     return sum(r[1] for r in results) / wall, [r[0] for r in results]
 
 
-async def run(args: argparse.Namespace, paths: dict[str, object]) -> dict:
+async def run(args: argparse.Namespace, inproc: InProcess, address: str) -> dict:
+    # the gRPC channel must be made on this loop
+    paths: dict[str, object] = {"in-process AsyncLLM": inproc, "gRPC worker": OverGrpc(address)}
     for path in paths.values():  # warm both
         for _ in range(5):
             await path.stream(16)
@@ -136,7 +138,7 @@ def main() -> None:
     try:
         worker.wait_serving()
         inproc = InProcess(model)
-        table = asyncio.run(run(args, {"in-process AsyncLLM": inproc, "gRPC worker": OverGrpc(worker.address)}))
+        table = asyncio.run(run(args, inproc, worker.address))
     finally:
         worker.stop()
         if inproc is not None:
