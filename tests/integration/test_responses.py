@@ -133,8 +133,8 @@ async def test_background_poll_cancel_and_the_engine_stops(platform):
         deadline = time.monotonic() + 60
         while c.get(f"/responses/{queued['id']}").json()["status"] != "in_progress":
             assert time.monotonic() < deadline
-        cancelled = c.post(f"/responses/{queued['id']}/cancel").json()
-        assert cancelled["status"] == "cancelled"
+        cancelled = sdk(platform).responses.cancel(queued["id"])
+        assert cancelled.status == "cancelled"
         async with grpc.aio.insecure_channel(worker_address(platform)) as channel:
             await wait_load(worker_pb2_grpc.WorkerStub(channel),
                             lambda r: r.running_requests == 0 and r.inflight_calls == 0, 2.0)
@@ -247,3 +247,28 @@ def test_durable_across_state_and_gateway_restarts(platform):
     after = {rid: sdk(platform).responses.retrieve(rid).model_dump() for rid in before}
     assert after == before
     assert create(platform, input="What color is the sky?", previous_response_id=child["id"])["status"] == "completed"
+
+
+def test_a_run_whose_gateway_died_is_reported_failed(platform):
+    with http(platform) as c:
+        queued = c.post("/responses", json={"model": "tiny", "input": "Tell me a story.", "background": True,
+                                            "max_output_tokens": 900, "temperature": 0}).json()
+        deadline = time.monotonic() + 60
+        while c.get(f"/responses/{queued['id']}").json()["status"] != "in_progress":
+            assert time.monotonic() < deadline
+    for proc in platform.find("GatewayDeployment"):  # the replica running it dies (with its peer)
+        proc.kill()
+    client = sdk(platform)
+    deadline = time.monotonic() + 120
+    while True:  # the owner lease runs out; the state service reports the run failed, not in progress
+        try:
+            status = client.responses.retrieve(queued["id"]).status
+        except (openai.APIConnectionError, openai.InternalServerError, openai.APIStatusError):
+            status = None
+        if status == "failed":
+            break
+        assert status in (None, "in_progress") and time.monotonic() < deadline, status
+        time.sleep(0.5)
+    with http(platform) as c, c.stream("GET", f"/responses/{queued['id']}", params={"stream": "true"}) as r:
+        events = sse_events(r.iter_lines())
+    assert events[-1]["type"] == "response.failed"  # a follower of the log ends too
