@@ -48,26 +48,32 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def sse_stream(http: httpx.AsyncClient, tokens: int) -> tuple[float, list[float], int]:
-    """One streamed chat over HTTP: (ttft, inter-token gaps, chunks with content)."""
+    """One streamed chat over HTTP: (ttft, gaps between content chunks, completion tokens)."""
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
-            "stream": True}
+            "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     stamps: list[float] = []
+    generated = 0
     async with http.stream("POST", "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
                 stamps.append(time.perf_counter())
-    return stamps[0] - t0, [b - a for a, b in itertools.pairwise(stamps)], len(stamps)
+            elif line.startswith("data: {") and '"completion_tokens"' in line:
+                generated = json.loads(line[6:])["usage"]["completion_tokens"]
+    return stamps[0] - t0, [b - a for a, b in itertools.pairwise(stamps)], generated
 
 
 async def grpc_stream(client: MshipClient, tokens: int) -> tuple[float, list[float], int]:
     t0 = time.perf_counter()
     stamps: list[float] = []
+    generated = 0
     async for event in client.stream_chat(MODEL, MESSAGES, max_tokens=tokens, ignore_eos=True, temperature=0.0):
         if event.HasField("delta") and event.delta.text:
             stamps.append(time.perf_counter())
-    return stamps[0] - t0, [b - a for a, b in itertools.pairwise(stamps)], len(stamps)
+        elif event.HasField("final"):
+            generated = event.final.usage.completion_tokens
+    return stamps[0] - t0, [b - a for a, b in itertools.pairwise(stamps)], generated
 
 
 async def measure(paths: dict, concurrency: int, rounds: int, tokens: int) -> dict[str, dict[str, float]]:
@@ -90,13 +96,15 @@ def start_vllm_server(model_dir: str, port: int, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), "--max-model-len",
            str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS), "--enforce-eager", "--enable-prefix-caching",
-           "--seed", "0", "--kv-cache-memory-bytes", str(DEFAULT_CPU_KV_CACHE_BYTES), "--disable-log-requests"]
+           "--seed", "0", "--kv-cache-memory-bytes", str(DEFAULT_CPU_KV_CACHE_BYTES)]
     return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
-def wait_http(url: str, timeout_s: float = 600) -> None:
+def wait_http(url: str, server: subprocess.Popen, timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"vLLM's server exited with {server.returncode}")
         try:
             if httpx.get(url, timeout=2).status_code == 200:
                 return
@@ -132,7 +140,7 @@ def main() -> None:
     server = start_vllm_server(model_dir, vllm_port, tmp / "vllm.log")
     try:
         platform.wait_ready()
-        wait_http(f"http://127.0.0.1:{vllm_port}/health")
+        wait_http(f"http://127.0.0.1:{vllm_port}/health", server)
         table = asyncio.run(run(args, platform, vllm_port))
     finally:
         server.send_signal(signal.SIGTERM)
