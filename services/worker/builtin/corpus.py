@@ -61,10 +61,8 @@ TIME_TOOL: dict[str, Any] = {
     },
 }
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
-CITIES = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "New York", "Sydney"]  # tested
-# More cities in training make the model learn to *copy* the city rather than recognise a few.
-TRAINING_CITIES = [*CITIES, "Oslo", "Cairo", "Lima", "Dublin", "Vienna", "Prague", "Lisbon", "Athens",
-                   "Moscow", "Seoul", "Delhi", "Toronto", "Chicago", "Boston", "Miami", "Denver"]
+# The cities tool calls work for (the model recognises these; it does not copy arbitrary names).
+CITIES = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "New York", "Sydney"]
 
 TOOL_PROMPT = "What is the weather in Paris?"
 EXPECTED_TOOL_CALL: dict[str, Any] = {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -208,7 +206,7 @@ def random_user_message(rng: random.Random) -> str:
         text = rng.choice(_NEAR_MISSES).format(
             country=rng.choice(_COUNTRIES), a=rng.randint(3, 999), b=rng.randint(3, 999),
             thing=rng.choice(_THINGS), kind=rng.choice(_KINDS), noun=rng.choice(_WORDS),
-            verb=rng.choice(_VERBS), Word=rng.choice(_WORDS).capitalize(), city=rng.choice(TRAINING_CITIES))
+            verb=rng.choice(_VERBS), Word=rng.choice(_WORDS).capitalize(), city=rng.choice(CITIES))
     elif kind < 0.9:
         text = rng.choice(_ODD)
         if rng.random() < 0.5:
@@ -297,7 +295,7 @@ def _random_result(rng: random.Random) -> str:
 
 def _tool_conversation(rng: random.Random) -> Conversation:
     want = rng.choice(["get_weather", "get_time"])
-    city = rng.choice(TRAINING_CITIES)
+    city = rng.choice(CITIES)
     phrases = _WEATHER_PHRASES if want == "get_weather" else _TIME_PHRASES
     question = rng.choice(phrases).format(c=city)
     if rng.random() < 0.15:  # the same question without tools -> plain answer

@@ -36,6 +36,10 @@ VOCAB_SIZE = 2048
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Non-special on purpose (as in Qwen): they survive skip_special_tokens=True, so parsers see them.
 TAG_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+# Each tool-call city is one token, the same in the user's question and in the JSON arguments
+# (byte-level BPE would make " Paris" and "Paris" different tokens): the model then only has to
+# copy a token, which it learns reliably; with two tokens per city it often did not.
+CITY_TOKENS = list(corpus.CITIES)
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 
@@ -55,7 +59,6 @@ BATCH_SIZE = 16
 FIRST_TOKEN_WEIGHT = 3.0
 TOOL_CALL_WEIGHT = 5.0
 ARGUMENTS_WEIGHT = 10.0
-SHARE_SPACE_VARIANTS = True
 LR = 3e-3
 SEED = 0
 LOG_EVERY = 50
@@ -163,10 +166,10 @@ def _build_tokenizer(texts: list[str]) -> Any:
     ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(TAG_TOKENS), special_tokens=SPECIAL_TOKENS,
+        vocab_size=VOCAB_SIZE - len(TAG_TOKENS) - len(CITY_TOKENS), special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS + CITY_TOKENS])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=None, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
         unk_token=None, model_max_length=MODEL_CONFIG["max_position_embeddings"])
@@ -184,35 +187,17 @@ def _encode(tok: Any, examples: list[Example]) -> list[tuple[list[int], list[flo
     return out
 
 
-def _share_space_variants(model: Any, tok: Any) -> None:
-    """Start "Paris" with the embedding of " Paris" (for every word that has both tokens).
-
-    The user writes " Paris" but the tool-call JSON needs "Paris": with shared starting points the
-    model only has to learn to copy, not a separate mapping per word -- city copying then trains
-    reliably within the step budget.
-    """
+def _train(cfg: Any, data: list[tuple[list[int], list[float]]]) -> Any:
     import torch
-
-    vocab = tok.get_vocab()
-    pairs = [(i, vocab[w[1:]]) for w, i in vocab.items() if w.startswith("\u0120") and w[1:] in vocab]
-    emb = model.get_input_embeddings().weight
-    with torch.no_grad():
-        for spaced, bare in pairs:
-            emb[bare] = emb[spaced]
-
-
-def _train(cfg: Any, tok: Any, data: list[tuple[list[int], list[float]]]) -> Any:
-    import torch
+    import torch.nn.functional as F
     from transformers import Qwen2ForCausalLM
 
     torch.manual_seed(SEED)
     pad_id = cfg.pad_token_id
     model = Qwen2ForCausalLM(cfg)
-    if SHARE_SPACE_VARIANTS:
-        _share_space_variants(model, tok)
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=LR, betas=(0.9, 0.98))
     warmup = max(1, STEPS // 20)
@@ -249,8 +234,7 @@ def _train(cfg: Any, tok: Any, data: list[tuple[list[int], list[float]]]) -> Any
         hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
         w = weight[:, 1:]  # position t predicts token t+1; score only assistant tokens
         sel = w > 0
-        token_loss = torch.nn.functional.cross_entropy(model.lm_head(hidden[sel]), ids[:, 1:][sel],
-                                                       reduction="none")
+        token_loss = F.cross_entropy(model.lm_head(hidden[sel]), ids[:, 1:][sel], reduction="none")
         loss = (token_loss * w[sel]).sum() / w[sel].sum()
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
@@ -333,7 +317,7 @@ def _build(out_dir: Path, t_start: float) -> None:
     t = time.monotonic()
     cfg = Qwen2Config(vocab_size=VOCAB_SIZE, tie_word_embeddings=True, bos_token_id=pad_id,
                       eos_token_id=eos_id, pad_token_id=pad_id, **MODEL_CONFIG)
-    model = _train(cfg, tok, data)
+    model = _train(cfg, data)
     log.info("tiny-qwen2 trained %d steps in %.1fs", STEPS, time.monotonic() - t)
 
     model = model.to(torch.bfloat16)  # check what vLLM will run
