@@ -21,6 +21,7 @@ from mship.state.v1 import state_pb2, state_pb2_grpc
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 from services.worker.builtin import corpus
+from tests.integration.conftest import PLATFORM_MODELS
 from tests.platform_process import PlatformProcess, mship
 from tests.worker_calls import chat, wait_load
 
@@ -252,13 +253,18 @@ def test_coordinator_restart_keeps_routes(platform):
 
 
 def test_reconcile_removes_and_adds_models_on_every_gateway(platform, tmp_path):
-    config = tmp_path / "models.yaml"
-    config.write_text("models:\n  - name: tiny2\n    model: builtin:tiny-qwen2\n    max_model_len: 512\n"
-                      "    max_num_seqs: 2\n    num_cpus: 0.5\n")
-    out = mship("--coordinator", platform.coordinator, "deploy", "--config", str(config), "--reconcile", "--wait")
+    added = tmp_path / "added.yaml"
+    added.write_text("models:\n  - name: tiny2\n    model: builtin:tiny-qwen2\n    max_model_len: 512\n"
+                     "    max_num_seqs: 2\n    num_cpus: 0.5\n")
+    out = mship("--coordinator", platform.coordinator, "deploy", "--config", str(added), "--wait")  # additive
+    assert out.returncode == 0, out.stdout + out.stderr
+    body = {"model": "tiny2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    assert httpx.post(f"{platform.base_url}/v1/chat/completions", timeout=60, json=body).status_code == 200
+    original = tmp_path / "models.yaml"
+    original.write_text(PLATFORM_MODELS)
+    out = mship("--coordinator", platform.coordinator, "deploy", "--config", str(original), "--reconcile", "--wait")
     assert out.returncode == 0, out.stdout + out.stderr
     t_done = time.monotonic()
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     seen: dict[str, int] = {}
     while len(seen) < 2:  # new connections until both gateway replicas have answered
         assert time.monotonic() - t_done < 30, f"only saw gateway replicas {seen}"
@@ -266,9 +272,9 @@ def test_reconcile_removes_and_adds_models_on_every_gateway(platform, tmp_path):
             r = http.post("/v1/chat/completions", json=body)
         seen[r.headers["x-mship-gateway"]] = r.status_code
     assert set(seen.values()) == {404}
-    r = httpx.post(f"{platform.base_url}/v1/chat/completions", timeout=60, json={**body, "model": "tiny2"})
-    assert r.status_code == 200
-    assert platform.find("mship-model-tiny-") == []  # the removed model's replica is gone
+    r = httpx.post(f"{platform.base_url}/v1/chat/completions", timeout=60, json={**body, "model": "tiny"})
+    assert r.status_code == 200  # the model the reconcile kept was never touched
+    assert platform.find("mship-model-tiny2-") == []  # the removed model's replica is gone
 
 
 def test_sigterm_stops_everything_within_30s(tmp_path):
