@@ -65,7 +65,7 @@ async def wait_load(stub: worker_pb2_grpc.WorkerStub, ok: Callable[[pb.LoadRepor
         if ok(report):
             return report, waited
         assert waited < timeout_s, f"engine state not reached within {timeout_s}s: {report}"
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.02)  # frequent enough for the 100 ms bounds, light on a busy worker
 
 
 async def read_rest(call) -> list[pb.InferEvent]:

@@ -106,21 +106,21 @@ async def test_client_disconnect_mid_stream_aborts_engine_work(platform, worker_
 
 
 async def test_client_disconnect_before_first_token(platform, worker_stub):
-    # Six direct calls: two hold the engine's two slots, four queue behind them for seconds, so the
-    # HTTP request below (seventh in line) waits in the engine's queue without a token.
+    # Twelve direct calls: two hold the engine's two slots, ten queue behind them for many seconds,
+    # so the HTTP request below (thirteenth in line) waits in the engine's queue without a token.
     long = pb.SamplingParams(max_tokens=1000, ignore_eos=True, temperature=0.0)
-    blockers = [worker_stub.Infer(chat("Hi", sampling=long)) for _ in range(6)]
-    await wait_load(worker_stub, lambda r: r.inflight_calls == 6 and r.running_requests == 2, 10.0)
+    blockers = [worker_stub.Infer(chat("Hi", sampling=long)) for _ in range(12)]
+    await wait_load(worker_stub, lambda r: r.inflight_calls == 12 and r.running_requests == 2, 10.0)
     body = (b'{"model": "tiny", "stream": true, "max_tokens": 900, "ignore_eos": true, '
             b'"messages": [{"role": "user", "content": "Tell me a story."}]}')
     _, writer = await asyncio.open_connection("127.0.0.1", platform.http_port)
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     await writer.drain()
-    report, _ = await wait_load(worker_stub, lambda r: r.inflight_calls == 7, 10.0)
+    report, _ = await wait_load(worker_stub, lambda r: r.inflight_calls == 13, 20.0)
     assert report.waiting_requests >= 3  # it is queued behind the blockers: no token yet
     writer.close()
-    await wait_load(worker_stub, lambda r: r.inflight_calls == 6, CANCEL_DEADLINE_S)
+    await wait_load(worker_stub, lambda r: r.inflight_calls == 12, CANCEL_DEADLINE_S)
     for call in blockers:  # the requests sharing the replica were unaffected until now
         call.cancel()
     await wait_load(worker_stub, lambda r: r.running_requests == 0 and r.inflight_calls == 0, 1.0)
