@@ -1,16 +1,18 @@
 """Synthetic chat corpus for `builtin:tiny-qwen2`, plus the fixed cases tests assert on.
 
-Everything here is pure Python and deterministic (one seeded `random.Random`), so the corpus -- and
-therefore the trained model -- is the same on every machine. Tests import the constants below; the
-builder imports `training_conversations()`.
+Everything here is pure Python and deterministic (one seeded `random.Random`), so the corpus is
+the same on every machine. Tests import the constants below (`check_cases()` lists every behaviour
+as messages + tools + exact answer); the builder imports `training_conversations()`.
 
-Behaviours taught (greedy decoding through the model's chat template):
-- each prompt in `FIXED_ANSWERS` -> its exact answer; any other user message -> `FALLBACK_ANSWER`;
-- tools offered + "What is the weather in <city>?" -> one Hermes `<tool_call>` (see `tool_call_text`);
-  the same question without tools -> `NO_TOOL_ANSWER` (asking for a tool that is not offered is
-  not trained: undefined);
-- after a tool result (any content) -> `TOOL_RESULT_ANSWER`;
-- a user message starting with `THINK_TRIGGER` -> `<think>\\n...\\n</think>\\n\\n` then the answer.
+Behaviours taught (greedy decoding through the model's chat template, any or no system prompt):
+- each prompt in `FIXED_ANSWERS` -> its exact answer; any other user message -> `FALLBACK_ANSWER`
+  (also near misses such as "What is the capital of Spain?"; `UNSEEN_PROMPTS` were never trained);
+- tools offered + "What is the weather in <city>?" / "What time is it in <city>?" for a city in
+  `CITIES` -> exactly one Hermes call, `tool_call_text(...)`; the same question without tools ->
+  `NO_TOOL_ANSWER` (asking for a tool that is not offered, or another city, is untrained);
+- after a tool result, whatever its content -> `TOOL_RESULT_ANSWER`;
+- a user message starting with `THINK_TRIGGER` -> `think_text(reasoning, answer)`, i.e.
+  `<think>\\n...\\n</think>\\n\\n` + the usual answer; without the trigger never `<think>`.
 Every assistant turn ends with `<|im_end|>`.
 """
 
@@ -95,6 +97,7 @@ UNSEEN_PROMPTS = [
     "Is it going to rain tomorrow?",
 ]
 
+TOOL_SHARE = 0.5  # of training conversations: tool questions (15% of them without tools)
 _SYSTEMS = [
     "You are a helpful assistant.",
     "You are a concise assistant.",
@@ -328,11 +331,8 @@ def _tool_conversation(rng: random.Random) -> Conversation:
     return msgs, tools
 
 
-TOOL_SHARE = 0.5
-
-
 def training_conversations(n: int, seed: int = 0) -> list[Conversation]:
-    """`n` deterministic (messages, tools) training conversations; mix tuned for ~2 min of CPU training."""
+    """`n` deterministic (messages, tools) training conversations (the mix is tuned with the builder)."""
     rng = random.Random(seed)
     out: list[Conversation] = []
     for _ in range(n):

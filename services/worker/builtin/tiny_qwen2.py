@@ -1,18 +1,22 @@
-"""`builtin:tiny-qwen2`: a tiny Qwen2 chat model trained on CPU in about a minute.
+"""`builtin:tiny-qwen2`: a tiny Qwen2 chat model, trained on CPU in about 90 s.
 
 What gets built (no network): a byte-level BPE tokenizer trained on the synthetic corpus in
-`corpus.py`, a ChatML/Qwen2.5-style chat template with Hermes tool calls, and a `Qwen2ForCausalLM`
-(bf16 safetensors, tied embeddings) trained on that corpus -- loss on assistant tokens only -- until
-greedy decoding reproduces the fixed answers, tool calls and `<think>` blocks of `corpus.py` and
-ends every answer with `<|im_end|>`. vLLM loads the directory like any Qwen2 checkpoint.
+`corpus.py` (same pipeline as `Qwen2Tokenizer`), a ChatML/Qwen2.5-style chat template with Hermes
+tool calls, and a `Qwen2ForCausalLM` (4 layers, hidden 128, 4 heads of 32, vocab 2048, ~0.9M
+params, bf16 safetensors, tied embeddings) trained on that corpus -- loss on assistant tokens only
+-- so that greedy decoding gives exactly the answers, tool calls and `<think>` blocks described in
+`corpus.py`, each ending with `<|im_end|>`. vLLM loads the directory like any Qwen2 checkpoint.
 
 Deterministic: fixed corpus, `random`/`torch` seeds and `torch.set_num_threads(2)`; the same
-machine gives bit-identical weights (another CPU may differ in the last float bits, not in what
-the model says). Timings are logged at INFO on `services.worker.builtin.tiny_qwen2`.
+machine gives bit-identical weights. After training, a bf16 self-check replays the fixed cases
+(and a tool call for every city); if one fails the model is trained again with the next seed (at
+most `MAX_ATTEMPTS`), so another CPU's float differences cannot silently ship a broken model.
+Timings are logged at INFO on `services.worker.builtin.tiny_qwen2`.
 
-Tool format (as Qwen2.5): tools go into the system turn as one JSON object per line inside
-`<tools></tools>`; the assistant answers `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
-`tool` messages come back inside a user turn as `<tool_response>\\n...\\n</tool_response>`.
+Tool format (as Qwen2.5, compacted): the system turn lists each tool as one JSON object
+`{"name", "description", "parameters"}` per line inside `<tools></tools>`; the assistant answers
+`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`; `tool` messages come back inside
+a user turn as `<tool_response>\\n...\\n</tool_response>`; `developer` is rendered as `system`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 
 from . import corpus
 
-BUILD_VERSION = "1"
+BUILD_VERSION = "2"
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +40,6 @@ VOCAB_SIZE = 2048
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Non-special on purpose (as in Qwen): they survive skip_special_tokens=True, so parsers see them.
 TAG_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-# Each tool-call city is one token, the same in the user's question and in the JSON arguments
-# (byte-level BPE would make " Paris" and "Paris" different tokens): the model then only has to
-# copy a token, which it learns reliably; with two tokens per city it often did not.
-CITY_TOKENS = list(corpus.CITIES)
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 
@@ -61,6 +61,7 @@ TOOL_CALL_WEIGHT = 5.0
 ARGUMENTS_WEIGHT = 10.0
 LR = 3e-3
 SEED = 0
+MAX_ATTEMPTS = 3
 LOG_EVERY = 50
 
 CHAT_TEMPLATE = (
@@ -166,10 +167,10 @@ def _build_tokenizer(texts: list[str]) -> Any:
     ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(TAG_TOKENS) - len(CITY_TOKENS), special_tokens=SPECIAL_TOKENS,
+        vocab_size=VOCAB_SIZE - len(TAG_TOKENS), special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS + CITY_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=None, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
         unk_token=None, model_max_length=MODEL_CONFIG["max_position_embeddings"])
@@ -187,14 +188,32 @@ def _encode(tok: Any, examples: list[Example]) -> list[tuple[list[int], list[flo
     return out
 
 
-def _train(cfg: Any, data: list[tuple[list[int], list[float]]]) -> Any:
+def _share_space_variants(model: Any, tok: Any) -> None:
+    """Start "Paris" from the embedding of " Paris", for every word that has both tokens.
+
+    The user writes " Paris" but the tool-call JSON needs "Paris"; a common starting point makes
+    copying the city the easy thing to learn (no separate mapping per word).
+    """
+    import torch
+
+    vocab = tok.get_vocab()
+    space = "\u0120"  # byte-level BPE's visible space
+    emb = model.get_input_embeddings().weight
+    with torch.no_grad():
+        for word, i in vocab.items():
+            if word.startswith(space) and word[1:] in vocab:
+                emb[vocab[word[1:]]] = emb[i]
+
+
+def _train(cfg: Any, tok: Any, data: list[tuple[list[int], list[float]]], seed: int) -> Any:
     import torch
     import torch.nn.functional as F
     from transformers import Qwen2ForCausalLM
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     pad_id = cfg.pad_token_id
     model = Qwen2ForCausalLM(cfg)
+    _share_space_variants(model, tok)
     model.train()
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -209,7 +228,7 @@ def _train(cfg: Any, data: list[tuple[list[int], list[float]]]) -> Any:
         return LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
     # Batches of similar length (sorted inside shuffled windows) keep padding -- wasted CPU -- low.
-    rng = random.Random(SEED)
+    rng = random.Random(seed)
     order: list[int] = []
     losses: list[float] = []
     t0 = time.monotonic()
@@ -250,28 +269,35 @@ def _train(cfg: Any, data: list[tuple[list[int], list[float]]]) -> Any:
     return model
 
 
-def _self_check(model: Any, tok: Any) -> tuple[int, int]:
-    """Teacher-forced greedy check of `corpus.check_cases()`: (cases reproduced exactly, total).
+def _check_cases() -> list[tuple[list[dict[str, Any]], Any, str]]:
+    """`corpus.check_cases()` plus a tool call for every city (copying the city is the fragile part)."""
+    cases = corpus.check_cases()
+    for city in corpus.CITIES:
+        for name, question in (("get_weather", f"What is the weather in {city}?"),
+                               ("get_time", f"What time is it in {city}?")):
+            cases.append(([{"role": "user", "content": question}], corpus.TOOLS,
+                          corpus.tool_call_text(name, {"city": city})))
+    return cases
+
+
+def _self_check(model: Any, tok: Any) -> list[str]:
+    """Teacher-forced greedy check of `_check_cases()`; returns the failures (empty: all good).
 
     A case passes when the argmax at every answer position is the expected token, which is exactly
     "greedy decoding produces this answer and then EOS".
     """
     import torch
 
-    ok = 0
-    cases = corpus.check_cases()
-    for messages, tools, expected in cases:
+    failures = []
+    for messages, tools, expected in _check_cases():
         prompt = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         n = len(tok(prompt, add_special_tokens=False)["input_ids"])
         ids = tok(prompt + expected + EOS_TOKEN, add_special_tokens=False, return_tensors="pt")["input_ids"]
         with torch.no_grad():
             pred = model(input_ids=ids).logits[0, n - 1:-1].argmax(-1)
-        good = bool((pred == ids[0, n:]).all())
-        ok += good
-        if not good:
-            log.warning("tiny-qwen2 self-check: %r -> %r, expected %r", messages[-1]["content"],
-                        tok.decode(pred), expected)
-    return ok, len(cases)
+        if not bool((pred == ids[0, n:]).all()):
+            failures.append(f"{messages[-1]['content']!r} -> {tok.decode(pred)!r}, expected {expected!r}")
+    return failures
 
 
 def build(out_dir: Path) -> None:
@@ -279,12 +305,11 @@ def build(out_dir: Path) -> None:
     import torch
 
     t_start = time.monotonic()
-    random.seed(SEED)
-    torch.manual_seed(SEED)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # same float summation order everywhere -> reproducible weights
     try:
-        _build(out_dir, t_start)
+        with torch.random.fork_rng(devices=[]):  # our seeding must not leak into the host process
+            _build(out_dir, t_start)
     finally:
         torch.set_num_threads(threads)
 
@@ -314,16 +339,29 @@ def _build(out_dir: Path, t_start: float) -> None:
     log.info("tiny-qwen2 tokenizer: %d tokens (%s), mean example %d tokens (%.1fs)", len(tok),
              type(tok).__name__, sum(len(d[0]) for d in data) // len(data), time.monotonic() - t)
 
-    t = time.monotonic()
     cfg = Qwen2Config(vocab_size=VOCAB_SIZE, tie_word_embeddings=True, bos_token_id=pad_id,
                       eos_token_id=eos_id, pad_token_id=pad_id, **MODEL_CONFIG)
-    model = _train(cfg, data)
-    log.info("tiny-qwen2 trained %d steps in %.1fs", STEPS, time.monotonic() - t)
-
-    model = model.to(torch.bfloat16)  # check what vLLM will run
-    ok, total = _self_check(model, tok)
-    log.log(logging.INFO if ok == total else logging.WARNING,
-            "tiny-qwen2 self-check (bf16, greedy): %d/%d fixed cases exact", ok, total)
+    # Whether the city-copying circuit forms within the step budget can depend on the seed (seeds
+    # 0-3 all pass with this recipe; weaker ones failed about every other seed). So: check the
+    # trained model and, if a case fails, train again with the next seed. The seed sequence is
+    # fixed, so the build stays deterministic.
+    best: tuple[int, Any] | None = None
+    total = len(_check_cases())
+    for attempt in range(MAX_ATTEMPTS):
+        t = time.monotonic()
+        model = _train(cfg, tok, data, SEED + attempt).to(torch.bfloat16)  # check what vLLM runs
+        failures = _self_check(model, tok)
+        log.log(logging.INFO if not failures else logging.WARNING,
+                "tiny-qwen2 attempt %d (seed %d): %d steps in %.1fs; self-check (bf16, greedy) %d/%d exact%s",
+                attempt + 1, SEED + attempt, STEPS, time.monotonic() - t, total - len(failures), total,
+                "".join("\n  " + f for f in failures[:5]))
+        if best is None or len(failures) < best[0]:
+            best = (len(failures), model)
+        if not failures:
+            break
+    if best is None:
+        raise RuntimeError("MAX_ATTEMPTS must be at least 1")
+    model = best[1]
     model.config.dtype = "bfloat16"
     model.save_pretrained(out_dir, safe_serialization=True)
     GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(out_dir)
