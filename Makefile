@@ -43,6 +43,8 @@ lint: install
 bench: install models
 	$(PY) bench/worker_overhead.py --json bench/results/worker_overhead.json
 	$(PY) bench/edge_overhead.py --json bench/results/edge_overhead.json
+	$(PY) bench/responses_state.py --json bench/results/responses_state.json
+	$(PY) bench/cutover.py --json bench/results/cutover.json
 
 # The platform on this machine with one model: OpenAI API on http://127.0.0.1:$(HTTP_PORT)/v1
 serve: install

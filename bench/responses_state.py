@@ -7,10 +7,12 @@ The state server runs in its own process (as in production: the gateway calls it
 call in flight at a time. Redis is Debian's redis-server on 127.0.0.1, AOF on (--appendfsync).
 
 The issue's target, <= 1 ms p50 added TTFT per turn with Redis on loopback, is measured end to end
-through the gateway by `measure_chain_ttft` below, which needs the gateway's /v1/responses
-(not built yet): until then this prints the state-side part only.
+by `measure_chain_ttft`: a real platform (`mship start`, state in Redis, builtin:tiny-qwen2 with the
+prefix cache off so both paths prefill the same tokens), `--turns`-turn chains over POST /v1/responses
+(streamed), each turn sent twice, interleaved: once continuing with previous_response_id, once with
+the whole conversation inline (store: false). The added TTFT is the paired difference per turn.
 
-  .venv/bin/python bench/responses_state.py [--ops 2000] [--turns 20] [--json out.json]
+  .venv/bin/python bench/responses_state.py [--ops 2000] [--turns 20] [--e2e-chains 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -25,15 +27,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import httpx  # noqa: E402
 import redis  # noqa: E402
 
 from mship.state.v1 import state_pb2 as pb  # noqa: E402
 from services.state.client import StateClient  # noqa: E402
-from tests.platform_process import free_port  # noqa: E402
+from services.worker.builtin import corpus  # noqa: E402
+from tests.platform_process import PlatformProcess, free_port  # noqa: E402
 
 IDENTITY = "bench"
 
@@ -148,11 +153,78 @@ async def measure_chain_state(client: StateClient, turns: int, chains: int) -> d
     return {"chain_resolve": stats(resolves), "chain_store": stats(stores)}
 
 
-async def measure_chain_ttft(gateway_url: str, turns: int) -> dict[str, dict[str, float]]:
-    """Added TTFT of previous_response_id resolution on a `turns`-turn chain, end to end: TTFT of
-    turn n with previous_response_id minus TTFT of the same conversation sent whole, through the
-    gateway's POST /v1/responses. Needs the gateway's Responses endpoints, which are not built yet."""
-    raise NotImplementedError("needs the gateway's /v1/responses (see the module docstring)")
+CHAIN_MODELS = """\
+models:
+  - name: chat
+    model: builtin:tiny-qwen2
+    max_model_len: 4096
+    max_num_seqs: 4
+    engine_args: {enable_prefix_caching: false}
+"""
+
+
+async def streamed_turn(http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """One streamed POST /v1/responses: (seconds to the first output_text delta, final response)."""
+    t0 = time.perf_counter()
+    ttft, final = float("nan"), None
+    async with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+        if r.status_code != 200:
+            raise SystemExit(f"POST /v1/responses -> {r.status_code}: {(await r.aread()).decode()}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event["type"] == "response.output_text.delta" and ttft != ttft:
+                ttft = time.perf_counter() - t0
+            elif event["type"] in ("response.completed", "response.incomplete", "response.failed"):
+                final = event["response"]
+    if final is None or final["status"] != "completed" or ttft != ttft:
+        raise SystemExit(f"turn did not complete with text: {final}")
+    return ttft, final
+
+
+async def measure_chain_ttft(gateway_url: str, turns: int, chains: int) -> dict[str, dict[str, float]]:
+    """Added TTFT of previous_response_id resolution on `turns`-turn chains, end to end: per turn, the
+    TTFT continuing with previous_response_id minus the TTFT of the same conversation sent whole
+    (store: false), the two sent back to back in alternating order."""
+    prompts = list(corpus.FIXED_ANSWERS)
+    by_id: list[float] = []
+    inline: list[float] = []
+    added: list[float] = []
+    async with httpx.AsyncClient(base_url=gateway_url, timeout=120) as http:
+        for c in range(-1, chains):  # chain -1 warms up and is not counted
+            parent: str | None = None
+            conversation: list[dict[str, Any]] = []
+            for turn in range(turns):
+                user = {"type": "message", "role": "user", "content": prompts[(c + turn) % len(prompts)]}
+                chained = {"model": "chat", "input": [user], "previous_response_id": parent, "store": True,
+                           "max_output_tokens": 32, "temperature": 0}
+                whole = {"model": "chat", "input": [*conversation, user], "store": False,
+                         "max_output_tokens": 32, "temperature": 0}
+                if turn % 2:
+                    t_inline, _ = await streamed_turn(http, whole)
+                    t_chain, final = await streamed_turn(http, chained)
+                else:
+                    t_chain, final = await streamed_turn(http, chained)
+                    t_inline, _ = await streamed_turn(http, whole)
+                parent = final["id"]
+                conversation += [user, *final["output"]]
+                if c >= 0 and turn > 0:  # turn 0 has nothing to resolve
+                    by_id.append(t_chain)
+                    inline.append(t_inline)
+                    added.append(t_chain - t_inline)
+    return {"ttft_previous_id": stats(by_id), "ttft_inline": stats(inline), "ttft_added": stats(added)}
+
+
+def bench_chain_ttft(redis_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, float]]:
+    config = workdir / "models.yaml"
+    config.write_text(CHAIN_MODELS)
+    platform = PlatformProcess.start(config, workdir / "mship.log", gateway_replicas=1, state_store=redis_url)
+    try:
+        platform.wait_ready()
+        return asyncio.run(measure_chain_ttft(platform.base_url, args.turns, args.e2e_chains))
+    finally:
+        platform.stop()
 
 
 async def bench_backend(url: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -168,7 +240,9 @@ async def bench_backend(url: str, args: argparse.Namespace) -> dict[str, dict[st
 
 
 LABELS = {"write": "store write (PutResponse)", "read": "store read (GetResponse)",
-          "chain_resolve": "chain: resolve parent / turn", "chain_store": "chain: store child / turn"}
+          "chain_resolve": "chain: resolve parent / turn", "chain_store": "chain: store child / turn",
+          "ttft_previous_id": "e2e TTFT, previous_response_id", "ttft_inline": "e2e TTFT, whole input inline",
+          "ttft_added": "e2e TTFT added by resolution"}
 
 
 def main() -> None:
@@ -176,6 +250,7 @@ def main() -> None:
     p.add_argument("--ops", type=int, default=2000, help="writes and reads per backend")
     p.add_argument("--turns", type=int, default=20, help="conversation length (exchanges)")
     p.add_argument("--chains", type=int, default=20, help="chains of --turns turns")
+    p.add_argument("--e2e-chains", type=int, default=5, help="end-to-end chains through the gateway (0: skip)")
     p.add_argument("--backends", default="memory,redis")
     p.add_argument("--appendfsync", default="everysec", choices=["always", "everysec", "no"])
     p.add_argument("--json", type=Path)
@@ -194,6 +269,8 @@ def main() -> None:
                 url = "memory://"
             try:
                 table[backend] = asyncio.run(bench_backend(url, args))
+                if backend == "redis" and args.e2e_chains:
+                    table["gateway"] = bench_chain_ttft(url, args, Path(tmp))
             finally:
                 if redis_proc is not None:
                     stop(redis_proc)
@@ -204,10 +281,11 @@ def main() -> None:
     for backend, rows in table.items():
         for op, r in rows.items():
             print(f"{backend:<8} {LABELS[op]:<30} {r['n']:>6} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f}")
-    print("chain TTFT added per turn (end to end): n/a, needs the gateway's /v1/responses (measure_chain_ttft)")
+    if "gateway" in table:
+        print("target: e2e TTFT added by resolution <= 1 ms p50 per turn (Redis on loopback)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"table": table, "snapshot_bytes": size, "chain_ttft": None,
+        args.json.write_text(json.dumps({"table": table, "snapshot_bytes": size,
                                          "args": {**vars(args), "json": str(args.json)}, "cpus": os.cpu_count(),
                                          "load_avg": os.getloadavg()}, indent=1))
 

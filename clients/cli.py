@@ -7,6 +7,7 @@ Exit codes: 0 ok · 2 bad config or usage · 3 coordinator unreachable · 4 depl
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import sys
@@ -76,19 +77,29 @@ def follow_deploy(events, out=sys.stdout) -> int:
 def deploy(args: argparse.Namespace, stub: coordinator_pb2_grpc.CoordinatorStub,
            models: list[common_pb2.ModelSpec]) -> int:
     mode = pb.DEPLOY_MODE_RECONCILE if args.reconcile else pb.DEPLOY_MODE_ADDITIVE
-    stream = stub.Deploy(pb.DeployRequest(models=models, mode=mode, use_committed=args.reconcile and not models),
-                         wait_for_ready=False)
+    request = pb.DeployRequest(models=models, mode=mode, use_committed=args.reconcile and not models,
+                               drain_timeout_s=getattr(args, "drain_timeout", None) or 0.0,
+                               supersede=getattr(args, "supersede", False))
+    stream = stub.Deploy(request, wait_for_ready=False)
     if args.wait:
+        first = None
         try:
-            return follow_deploy(stream)
+            events = iter(stream)
+            first = next(events)
+            return follow_deploy(itertools.chain([first], events))
         except KeyboardInterrupt:  # stop following; the deploy goes on
             stream.cancel()
-            print("stopped following; the deploy continues (mship deploy --status ID)", file=sys.stderr)
+            where = f" (mship deploy --status {first.deploy_id})" if first else ""
+            print(f"stopped following; the deploy continues{where}", file=sys.stderr)
             return EXIT_OK
     first = next(iter(stream))
     stream.cancel()
     print(f"deploy {first.deploy_id} started; follow it with: mship deploy --status {first.deploy_id}")
     return EXIT_OK
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -110,6 +121,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             for m in d.models:
                 print(f"  {m.name:<24} {PHASE_NAMES[m.phase]:<10} version {m.version} {m.reason}")
             return EXIT_OK
+        signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C: stop following, not the deploy
         return deploy(args, stub, models)
     except grpc.RpcError as e:
         if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -138,9 +150,14 @@ def cmd_models(args: argparse.Namespace, verbose: bool = False) -> int:
         print(line + (f"  version {m.version}  app {m.app_name}  load {m.load_time_s:.1f}s" if verbose else ""))
         for r in routes[m.spec.name].replicas if m.spec.name in routes else []:
             endpoint = f"{r.endpoint.host}:{r.endpoint.port}"
-            print(f"    replica {r.replica_id:<12} {endpoint}  pid {r.pid}  node {r.node_id[:12]}")
+            print(f"    replica {r.replica_id:<12} {endpoint}  pid {r.pid}  node {r.node_id[:12]}  "
+                  f"engine load {r.engine_load_s:.1f}s")
     for name in snapshot.pending:
         print(f"{name:<24} (pending: no live replica)")
+    if verbose and reply.apps:
+        print("serve applications:")
+        for app in reply.apps:
+            print(f"  {app.name:<40} {app.status:<14} replicas {app.running_replicas}/{app.target_replicas}")
     return EXIT_OK
 
 
@@ -252,7 +269,11 @@ def parser() -> argparse.ArgumentParser:
     _model_flags(dep)
     dep.add_argument("--reconcile", action="store_true", help="make the running set exactly this one")
     dep.add_argument("--wait", action="store_true", help="follow the deploy to its end")
-    dep.add_argument("--cancel", metavar="ID")
+    dep.add_argument("--drain-timeout", type=float, metavar="S",
+                     help="how long an old version may finish its in-flight requests (default 30)")
+    dep.add_argument("--supersede", action="store_true",
+                     help="cancel a running or queued deploy (it goes back) instead of queueing behind it")
+    dep.add_argument("--cancel", metavar="ID", help="cancel a deploy: the platform goes back to the set before it")
     dep.add_argument("--status", metavar="ID")
     sub.add_parser("status", help="services, models, replicas, versions")
     sub.add_parser("models", help="the served models")

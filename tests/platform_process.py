@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -11,16 +12,35 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import httpx
 import psutil
+
+from mship.common.v1 import common_pb2
+from mship.coordinator.v1 import coordinator_pb2 as cpb
+from mship.coordinator.v1 import coordinator_pb2_grpc
+from mship.state.v1 import state_pb2, state_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Below the kernel's ephemeral range (32768-60999) and above Ray's worker ports (10002-19999): a
+# port picked here cannot be taken meanwhile by a process that binds port 0 or connects out (Ray's
+# agents, vLLM's engine sockets), which a port picked by binding 0 ourselves could.
+_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on now, outside the range the kernel hands out by itself."""
+    for _ in range(200):
+        port = random.choice(_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32767")
 
 
 def mship(*args: str, timeout_s: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -56,6 +76,35 @@ class PlatformProcess:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {})}, start_new_session=True)
         return cls(proc, log_path, *ports)
+
+    # ---- the coordinator's and the state service's view, over their real gRPC APIs ----
+    def _coordinator(self, call: str, request, timeout_s: float = 30):
+        with grpc.insecure_channel(self.coordinator) as channel:
+            return getattr(coordinator_pb2_grpc.CoordinatorStub(channel), call)(request, timeout=timeout_s)
+
+    def routing(self) -> cpb.RoutingSnapshot:
+        with grpc.insecure_channel(self.coordinator) as channel:
+            stream = coordinator_pb2_grpc.CoordinatorStub(channel).WatchRouting(cpb.WatchRoutingRequest(), timeout=30)
+            update = next(stream)
+            stream.cancel()
+        return update.snapshot
+
+    def replicas(self, model: str) -> list[cpb.ReplicaInfo]:
+        return [r for m in self.routing().models if m.name == model for r in m.replicas]
+
+    def models(self) -> cpb.ListModelsResponse:
+        return self._coordinator("ListModels", cpb.ListModelsRequest())
+
+    def leases(self) -> list[cpb.LeaseRecord]:
+        return list(self._coordinator("ListLeases", cpb.ListLeasesRequest()).leases)
+
+    def deployment(self, deploy_id: str) -> cpb.Deployment:
+        return self._coordinator("GetDeployment", cpb.GetDeploymentRequest(deploy_id=deploy_id))
+
+    def committed(self) -> list[common_pb2.ModelSpec]:
+        with grpc.insecure_channel(f"127.0.0.1:{self.state_port}") as channel:
+            reply = state_pb2_grpc.StateStub(channel).GetModelSet(state_pb2.GetModelSetRequest(), timeout=10)
+        return list(reply.models)
 
     def wait_ready(self, timeout_s: float = 900) -> None:
         """Poll /readyz until every expected model is routed and the start command is done."""

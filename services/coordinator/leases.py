@@ -1,12 +1,20 @@
 """Per-node load leases: replicas on one node load their models one at a time, so their memory
-spikes never overlap. A lease has a TTL and is renewed while loading; a dead loader's expires."""
+spikes never overlap. A lease has a TTL and is renewed while loading; a dead loader's expires.
+
+A bounded history of grants (with when and how each ended) is kept so that operators and tests can
+see who loaded when on each node."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 import uuid
 from dataclasses import dataclass
+
+from mship.coordinator.v1 import coordinator_pb2 as pb
+
+HISTORY = 256  # lease records kept, oldest dropped first
 
 
 @dataclass
@@ -22,6 +30,7 @@ class LeaseManager:
     def __init__(self) -> None:
         self._held: dict[str, NodeLease] = {}  # node_id -> lease
         self._by_id: dict[str, NodeLease] = {}
+        self._records: collections.OrderedDict[str, pb.LeaseRecord] = collections.OrderedDict()
         self._changed = asyncio.Condition()
 
     def _expire(self, node_id: str) -> None:
@@ -29,6 +38,8 @@ class LeaseManager:
         if lease is not None and lease.deadline <= time.monotonic():
             del self._held[node_id]
             self._by_id.pop(lease.lease_id, None)
+            # It ended when its holder stopped renewing, not when someone noticed.
+            self._end(lease.lease_id, pb.LEASE_END_EXPIRED, lease.expires_at)
 
     async def acquire(self, node_id: str, holder: str, ttl_s: float, wait_s: float) -> NodeLease | None:
         deadline = time.monotonic() + max(0.0, wait_s)
@@ -50,7 +61,17 @@ class LeaseManager:
         lease_id = current.lease_id if current else uuid.uuid4().hex
         lease = NodeLease(lease_id, node_id, holder, time.time() + ttl_s, time.monotonic() + ttl_s)
         self._held[node_id] = self._by_id[lease_id] = lease
+        if current is None:
+            self._records[lease_id] = pb.LeaseRecord(lease_id=lease_id, node_id=node_id, holder=holder,
+                                                     granted_at=time.time())
+            while len(self._records) > HISTORY:
+                self._records.popitem(last=False)
         return lease
+
+    def _end(self, lease_id: str, how: int, at: float | None = None) -> None:
+        record = self._records.get(lease_id)
+        if record is not None and not record.ended_at:
+            record.ended_at, record.end = at or time.time(), how
 
     async def renew(self, lease_id: str, ttl_s: float) -> NodeLease | None:
         async with self._changed:
@@ -67,4 +88,11 @@ class LeaseManager:
             lease = self._by_id.pop(lease_id, None)
             if lease is not None and self._held.get(lease.node_id) is lease:
                 del self._held[lease.node_id]
+                self._end(lease_id, pb.LEASE_END_RELEASED)
             self._changed.notify_all()
+
+    def records(self, node_id: str = "") -> list[pb.LeaseRecord]:
+        """Held and recent leases, oldest first (expiry is applied first, so none shows as held late)."""
+        for node in list(self._held):
+            self._expire(node)
+        return [r for r in self._records.values() if not node_id or r.node_id == node_id]

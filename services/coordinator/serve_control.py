@@ -16,20 +16,28 @@ class AppState:
     status: str  # DEPLOYING | RUNNING | DEPLOY_FAILED | DELETING | UNHEALTHY | NOT_STARTED
     message: str
     running_replicas: int
+    target_replicas: int = 0
 
 
 def _apps() -> dict[str, AppState]:
-    from ray import serve
+    from ray.serve.context import _get_global_client
 
     out = {}
-    for name, app in serve.status().applications.items():
+    # The details (not serve.status()) carry each deployment's target replica count.
+    details = _get_global_client().get_serve_details()
+    for name, app in details.get("applications", {}).items():
         if not name.startswith(APP_PREFIX):
             continue
-        messages = [app.message] + [d.message for d in app.deployments.values()]
-        running = sum(d.replica_states.get("RUNNING", 0) for d in app.deployments.values())
-        status = str(getattr(app.status, "value", app.status))
-        out[name] = AppState(status, "; ".join(m for m in messages if m), running)
+        deployments = app.get("deployments", {}).values()
+        messages = [app.get("message", "")] + [d.get("message", "") for d in deployments]
+        running = sum(1 for d in deployments for r in d.get("replicas", []) if _value(r.get("state")) == "RUNNING")
+        target = sum(d.get("target_num_replicas", 0) for d in deployments)
+        out[name] = AppState(_value(app.get("status")), "; ".join(m for m in messages if m), running, target)
     return out
+
+
+def _value(enum_or_str: object) -> str:
+    return str(getattr(enum_or_str, "value", enum_or_str) or "")
 
 
 async def model_apps() -> dict[str, AppState]:

@@ -11,6 +11,7 @@ import grpc
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from mship.coordinator.v1 import coordinator_pb2_grpc
 from services.common.errors import Reason, ServiceError, abort_with, invalid_parameter
+from services.coordinator import serve_control
 from services.coordinator.deployer import Deployer
 from services.coordinator.fingerprint import version_of
 from services.coordinator.leases import LeaseManager
@@ -78,6 +79,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         await self.leases.release(request.lease_id)
         return pb.ReleaseLeaseResponse()
 
+    async def ListLeases(self, request: pb.ListLeasesRequest, context) -> pb.ListLeasesResponse:
+        return pb.ListLeasesResponse(leases=self.leases.records(request.node_id))
+
     # ---- replicas and routing ----------------------------------------------------------------
     async def RegisterReplica(self, request: pb.RegisterReplicaRequest, context) -> pb.RegisterReplicaResponse:
         info = request.replica
@@ -112,6 +116,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             out.models.append(pb.ModelInfo(spec=model.spec, version=model.version, app_name=model.app,
                                            ready_replicas=len(self.table.live(name, model.version)),
                                            load_time_s=model.load_time_s))
+        for name, app in sorted((await serve_control.model_apps()).items()):
+            out.apps.append(pb.ServeApp(name=name, status=app.status, running_replicas=app.running_replicas,
+                                        target_replicas=app.target_replicas))
         return out
 
 

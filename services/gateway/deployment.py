@@ -18,7 +18,10 @@ log = logging.getLogger(__name__)
 
 
 @serve.deployment(
-    ray_actor_options={"num_cpus": 0.1},
+    # User code (and so the HTTP server, see ReusePortServer.start_here) on the replica's main loop,
+    # the one Serve's gRPC server polls from: one loop per process handles all gRPC events.
+    ray_actor_options={"num_cpus": 0.1,
+                       "runtime_env": {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}},
     max_surge_percent=100,  # the replacement listens before the old replica stops: no refused connections
     graceful_shutdown_timeout_s=30,
     graceful_shutdown_wait_loop_s=0.5,
@@ -26,8 +29,8 @@ log = logging.getLogger(__name__)
     max_ongoing_requests=4,
 )
 class GatewayDeployment:
-    def __init__(self, host: str, port: int, coordinator: str, state_address: str | None = None,
-                 max_body_bytes: int | None = None) -> None:
+    async def __init__(self, host: str, port: int, coordinator: str, state_address: str | None = None,
+                       max_body_bytes: int | None = None) -> None:
         settings = GatewaySettings(coordinator=coordinator)
         if max_body_bytes:
             settings.max_body_bytes = max_body_bytes
@@ -37,7 +40,7 @@ class GatewayDeployment:
         app = create_app(self.table, settings)
         self.state: StateClient | None = None
 
-        async def on_start() -> None:  # on the HTTP server's loop: gRPC channels belong to it
+        async def on_start() -> None:  # on the HTTP server's loop (this one): gRPC channels belong to it
             self.watcher.start()
             if state_address:
                 self.state = StateClient(state_address)
@@ -51,7 +54,7 @@ class GatewayDeployment:
             await self.watcher.stop()
 
         self.http = ReusePortServer(app, host, port, on_start=on_start, on_stop=on_stop, server_id=replica_id)
-        self.http.start()
+        await self.http.start_here()
         log.info("gateway on %s:%d (coordinator %s)", host, port, coordinator)
 
     def check_health(self) -> None:

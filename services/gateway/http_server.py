@@ -1,4 +1,5 @@
-"""uvicorn inside a Serve replica, on a socket pre-bound with SO_REUSEPORT, in its own uvloop thread.
+"""uvicorn inside a Serve replica, on a socket pre-bound with SO_REUSEPORT: on the replica's own
+event loop (`start_here`, what the gateway deployment uses), or in its own uvloop thread (`start`).
 
 Every gateway replica on a node listens on the same port and the kernel spreads connections
 between them: plain-uvicorn latency, no Serve proxy hop (measured in shared/notes/edge-http-path.md).
@@ -68,6 +69,7 @@ class ReusePortServer:
         self._on_start, self._on_stop = on_start, on_stop
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._task: asyncio.Task | None = None
 
     def start(self, timeout_s: float = 30.0) -> None:
         """Return once uvicorn listens (a failed bind must fail the replica's constructor)."""
@@ -90,8 +92,39 @@ class ReusePortServer:
                 raise RuntimeError("the gateway's HTTP server failed to start")
             time.sleep(0.01)
 
+    async def start_here(self, timeout_s: float = 30.0) -> None:
+        """Serve on the calling (running) loop; return once uvicorn listens.
+
+        In a Serve replica this is the loop Serve's own gRPC server runs on. gRPC's asyncio layer has
+        one completion-queue poller per process that wakes every loop that uses gRPC for every event,
+        and hands events on between them: with our own loop in a second thread, each token woke both
+        loops and crossed threads (GIL hand-offs), which cost TTFT, ITL and CPU."""
+        self.loop = asyncio.get_running_loop()
+        if self._on_start is not None:
+            await self._on_start()
+        self._task = self.loop.create_task(self._serve())
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if self._task.done():
+                self._task.result()  # the bind/serve error, if any
+                raise RuntimeError("the gateway's HTTP server failed to start")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the gateway's HTTP server failed to start")
+            await asyncio.sleep(0.01)
+
+    async def _serve(self) -> None:
+        try:
+            await self.server.serve(sockets=[self.sock])
+        finally:
+            if self._on_stop is not None:
+                await self._on_stop()
+
     def healthy(self) -> bool:
-        return not self.server.should_exit and self._thread is not None and self._thread.is_alive()
+        if self.server.should_exit:
+            return False
+        if self._task is not None:
+            return not self._task.done()
+        return self._thread is not None and self._thread.is_alive()
 
     def run_coroutine(self, coro) -> object:
         """Run `coro` on the server's loop from another thread; returns its result."""
@@ -100,7 +133,7 @@ class ReusePortServer:
 
     async def drain_and_stop(self) -> None:
         self.draining = True
-        if self.loop is None or self._thread is None:
+        if self.loop is None or (self._thread is None and self._task is None):
             return
 
         def close_listeners() -> None:
@@ -110,4 +143,8 @@ class ReusePortServer:
         self.loop.call_soon_threadsafe(close_listeners)
         await asyncio.sleep(self.drain_s)
         self.server.should_exit = True
-        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30)
+        if self._task is not None:
+            await asyncio.wait({self._task}, timeout=30)
+        else:
+            assert self._thread is not None
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30)

@@ -77,7 +77,12 @@ class StateClient:
     def __init__(self, address: str, gateway: str = "default", timeout_s: float = 10.0) -> None:
         self._channel = grpc.aio.insecure_channel(address, options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # gRPC's default backoff grows to 120 s: after a restart of the state service its
+            # clients would keep answering 503 long after it is back. Reconnect within a second.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000)])
         self.stub = state_pb2_grpc.StateStub(self._channel)
         self.gateway = gateway
         self.timeout_s = timeout_s

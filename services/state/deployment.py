@@ -65,4 +65,5 @@ class StateDeployment:
         log.info("state service on %s:%d (%s)", host, self.port, url.split("@")[-1])
 
     async def __del__(self) -> None:
-        await self.server.stop(2)
+        if hasattr(self, "server"):  # not when __init__ failed (e.g. the port was taken)
+            await self.server.stop(2)

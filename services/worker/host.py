@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 
 from grpc_health.v1 import health, health_pb2
 
@@ -43,6 +44,10 @@ async def start_engine(spec: common_pb2.ModelSpec, model_path: str) -> Engine:
 
 def resolve_model(ref: str) -> str:
     from services.worker.builtin import resolve_model_ref
+
+    # A local path that is not there would reach the engine as a hub id and fail less clearly.
+    if ref.startswith(("/", "./", "../", "~")) and not Path(ref).expanduser().exists():
+        raise FileNotFoundError(f"model path {ref} does not exist on this node")
     return resolve_model_ref(ref)
 
 
@@ -72,6 +77,13 @@ class ModelHost:
         self.spec = spec
         self._t0 = time.monotonic()
         self._task = asyncio.create_task(self._load(spec, gate or contextlib.nullcontext))
+
+    def load_seconds(self) -> float:
+        """From the start of the load proper (the gate passed) to READY; 0 before READY."""
+        at = {event.phase: event.at for event in self.history}
+        if Phase.LOAD_PHASE_READY not in at or Phase.LOAD_PHASE_RESOLVING not in at:
+            return 0.0
+        return at[Phase.LOAD_PHASE_READY] - at[Phase.LOAD_PHASE_RESOLVING]
 
     async def wait_ready(self) -> None:
         async with self._changed:

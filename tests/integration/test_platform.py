@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import threading
 import time
 
 import grpc
@@ -15,13 +14,12 @@ import openai
 import pytest
 
 from clients.client import MshipClient
-from mship.coordinator.v1 import coordinator_pb2 as cpb
-from mship.coordinator.v1 import coordinator_pb2_grpc
 from mship.state.v1 import state_pb2, state_pb2_grpc
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 from services.worker.builtin import corpus
-from tests.integration.conftest import PLATFORM_MODELS
+from tests.integration.conftest import PLATFORM_MODELS, TINY
+from tests.load_generator import LoadGenerator
 from tests.platform_process import PlatformProcess, mship
 from tests.worker_calls import chat, wait_load
 
@@ -29,16 +27,8 @@ pytestmark = pytest.mark.integration
 CANCEL_DEADLINE_S = 0.1
 
 
-def snapshot(coordinator: str) -> cpb.RoutingSnapshot:
-    with grpc.insecure_channel(coordinator) as channel:
-        stream = coordinator_pb2_grpc.CoordinatorStub(channel).WatchRouting(cpb.WatchRoutingRequest(), timeout=30)
-        update = next(stream)
-        stream.cancel()
-    return update.snapshot
-
-
 def worker_address(platform: PlatformProcess, model: str = "tiny") -> str:
-    (route,) = [m for m in snapshot(platform.coordinator).models if m.name == model]
+    (route,) = [m for m in platform.routing().models if m.name == model]
     endpoint = route.replicas[0].endpoint
     return f"{endpoint.host}:{endpoint.port}"
 
@@ -202,55 +192,20 @@ def test_cli_status_models_and_bad_config(platform, tmp_path):
     assert mship("--coordinator", "127.0.0.1:1", "models").returncode == 3
 
 
-class Hammer:
-    """Clients sending chat requests in a loop while something happens; counts failures."""
-
-    def __init__(self, base_url: str, clients: int = 2) -> None:
-        self.base_url, self.ok, self.failures = base_url, 0, []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(clients)]
-
-    def _loop(self) -> None:
-        with httpx.Client(base_url=self.base_url, timeout=60) as http:
-            while not self._stop.is_set():
-                try:
-                    r = http.post("/v1/chat/completions", json={
-                        "model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "What is 2 + 2?"}]})
-                    if r.status_code == 200:
-                        self.ok += 1
-                    else:
-                        self.failures.append(f"{r.status_code} {r.text[:200]}")
-                except httpx.HTTPError as e:
-                    self.failures.append(repr(e))
-
-    def __enter__(self) -> Hammer:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(60)
-
-
 def test_coordinator_restart_keeps_routes(platform):
     (coordinator,) = platform.find("CoordinatorDeployment")
-    with Hammer(platform.base_url) as hammer:
-        while hammer.ok < 5:
-            time.sleep(0.05)
+    with LoadGenerator(platform.base_url, TINY, clients=2) as hammer:
+        hammer.wait_for(5)
         coordinator.kill()
         deadline = time.monotonic() + 120
         while True:  # Serve starts a new coordinator replica; it serves WatchRouting again
             with contextlib.suppress(grpc.RpcError):
-                snap = snapshot(platform.coordinator)
+                snap = platform.routing()
                 if [m.name for m in snap.models] == ["tiny"]:
                     break
             assert time.monotonic() < deadline, "the coordinator did not come back"
             time.sleep(0.2)
-        served_after = hammer.ok
-        while hammer.ok < served_after + 5:
-            time.sleep(0.05)
+        hammer.wait_for(5)
     assert hammer.failures == []
     assert [p.pid for p in platform.find("CoordinatorDeployment")] != [coordinator.pid]
 

@@ -235,15 +235,17 @@ def test_durable_across_state_and_gateway_restarts(platform):
         for proc in platform.find(fragment):
             proc.kill()
     deadline = time.monotonic() + 180
-    while True:  # Serve brings both back
+    back: set[str] = set()
+    while len(back) < 2:  # Serve brings them back: both gateway replicas answer from the store again
         try:
-            with http(platform) as c:
-                if c.get(f"/responses/{stored['id']}").status_code == 200:
-                    break
+            with http(platform) as c:  # a new connection each time: the kernel spreads them over replicas
+                r = c.get(f"/responses/{stored['id']}")
+                if r.status_code == 200:
+                    back.add(r.headers["x-mship-gateway"])
         except httpx.HTTPError:
             pass
-        assert time.monotonic() < deadline, "gateway/state did not come back"
-        time.sleep(0.5)
+        assert time.monotonic() < deadline, f"gateway/state did not come back (answered: {back})"
+        time.sleep(0.2)
     after = {rid: sdk(platform).responses.retrieve(rid).model_dump() for rid in before}
     assert after == before
     assert create(platform, input="What color is the sky?", previous_response_id=child["id"])["status"] == "completed"

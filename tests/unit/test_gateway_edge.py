@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -27,6 +26,7 @@ from services.common.routes import Endpoint, RouteTable
 from services.gateway.app import GatewaySettings, create_app
 from services.gateway.http_server import ReusePortServer
 from tests.engine_double import ScriptedEngine, ServedWorker, serve_worker
+from tests.platform_process import free_port
 
 MODEL = "m"
 SLASHED = "org/big"  # routed, no replica: exercises the `{model_id:path}` route
@@ -38,13 +38,6 @@ pytestmark = pytest.mark.timeout(60)
 
 
 # ---- harness -----------------------------------------------------------------------------------
-
-def free_port() -> int:
-    """A port nobody listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 async def until(check: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s

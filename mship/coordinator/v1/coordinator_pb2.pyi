@@ -34,6 +34,12 @@ class DeployState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEPLOY_STATE_SUCCEEDED: _ClassVar[DeployState]
     DEPLOY_STATE_FAILED: _ClassVar[DeployState]
     DEPLOY_STATE_CANCELLED: _ClassVar[DeployState]
+
+class LeaseEnd(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LEASE_END_UNSPECIFIED: _ClassVar[LeaseEnd]
+    LEASE_END_RELEASED: _ClassVar[LeaseEnd]
+    LEASE_END_EXPIRED: _ClassVar[LeaseEnd]
 DEPLOY_MODE_UNSPECIFIED: DeployMode
 DEPLOY_MODE_ADDITIVE: DeployMode
 DEPLOY_MODE_RECONCILE: DeployMode
@@ -52,18 +58,23 @@ DEPLOY_STATE_RUNNING: DeployState
 DEPLOY_STATE_SUCCEEDED: DeployState
 DEPLOY_STATE_FAILED: DeployState
 DEPLOY_STATE_CANCELLED: DeployState
+LEASE_END_UNSPECIFIED: LeaseEnd
+LEASE_END_RELEASED: LeaseEnd
+LEASE_END_EXPIRED: LeaseEnd
 
 class DeployRequest(_message.Message):
-    __slots__ = ("models", "mode", "use_committed", "drain_timeout_s")
+    __slots__ = ("models", "mode", "use_committed", "drain_timeout_s", "supersede")
     MODELS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     USE_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     DRAIN_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDE_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[_common_pb2.ModelSpec]
     mode: DeployMode
     use_committed: bool
     drain_timeout_s: float
-    def __init__(self, models: _Optional[_Iterable[_Union[_common_pb2.ModelSpec, _Mapping]]] = ..., mode: _Optional[_Union[DeployMode, str]] = ..., use_committed: _Optional[bool] = ..., drain_timeout_s: _Optional[float] = ...) -> None: ...
+    supersede: bool
+    def __init__(self, models: _Optional[_Iterable[_Union[_common_pb2.ModelSpec, _Mapping]]] = ..., mode: _Optional[_Union[DeployMode, str]] = ..., use_committed: _Optional[bool] = ..., drain_timeout_s: _Optional[float] = ..., supersede: _Optional[bool] = ...) -> None: ...
 
 class ModelProgress(_message.Message):
     __slots__ = ("name", "version", "phase", "reason", "ready_replicas", "target_replicas")
@@ -165,8 +176,36 @@ class ReleaseLeaseResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ListLeasesRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class LeaseRecord(_message.Message):
+    __slots__ = ("lease_id", "node_id", "holder", "granted_at", "ended_at", "end")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    node_id: str
+    holder: str
+    granted_at: float
+    ended_at: float
+    end: LeaseEnd
+    def __init__(self, lease_id: _Optional[str] = ..., node_id: _Optional[str] = ..., holder: _Optional[str] = ..., granted_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., end: _Optional[_Union[LeaseEnd, str]] = ...) -> None: ...
+
+class ListLeasesResponse(_message.Message):
+    __slots__ = ("leases",)
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[LeaseRecord]
+    def __init__(self, leases: _Optional[_Iterable[_Union[LeaseRecord, _Mapping]]] = ...) -> None: ...
+
 class ReplicaInfo(_message.Message):
-    __slots__ = ("replica_id", "model", "version", "endpoint", "node_id", "pid", "max_model_len", "spec")
+    __slots__ = ("replica_id", "model", "version", "endpoint", "node_id", "pid", "max_model_len", "spec", "engine_load_s")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +214,7 @@ class ReplicaInfo(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_LOAD_S_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     model: str
     version: str
@@ -183,7 +223,8 @@ class ReplicaInfo(_message.Message):
     pid: int
     max_model_len: int
     spec: _common_pb2.ModelSpec
-    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., node_id: _Optional[str] = ..., pid: _Optional[int] = ..., max_model_len: _Optional[int] = ..., spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ...) -> None: ...
+    engine_load_s: float
+    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., node_id: _Optional[str] = ..., pid: _Optional[int] = ..., max_model_len: _Optional[int] = ..., spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., engine_load_s: _Optional[float] = ...) -> None: ...
 
 class RegisterReplicaRequest(_message.Message):
     __slots__ = ("replica",)
@@ -281,10 +322,24 @@ class ModelInfo(_message.Message):
     load_time_s: float
     def __init__(self, spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., version: _Optional[str] = ..., app_name: _Optional[str] = ..., ready_replicas: _Optional[int] = ..., load_time_s: _Optional[float] = ...) -> None: ...
 
+class ServeApp(_message.Message):
+    __slots__ = ("name", "status", "running_replicas", "target_replicas")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    status: str
+    running_replicas: int
+    target_replicas: int
+    def __init__(self, name: _Optional[str] = ..., status: _Optional[str] = ..., running_replicas: _Optional[int] = ..., target_replicas: _Optional[int] = ...) -> None: ...
+
 class ListModelsResponse(_message.Message):
-    __slots__ = ("models", "routing_version")
+    __slots__ = ("models", "routing_version", "apps")
     MODELS_FIELD_NUMBER: _ClassVar[int]
     ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    APPS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     routing_version: int
-    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., routing_version: _Optional[int] = ...) -> None: ...
+    apps: _containers.RepeatedCompositeFieldContainer[ServeApp]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., routing_version: _Optional[int] = ..., apps: _Optional[_Iterable[_Union[ServeApp, _Mapping]]] = ...) -> None: ...

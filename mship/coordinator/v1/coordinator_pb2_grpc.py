@@ -64,6 +64,11 @@ class CoordinatorStub:
                 request_serializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ReleaseLeaseRequest.SerializeToString,
                 response_deserializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ReleaseLeaseResponse.FromString,
                 _registered_method=True)
+        self.ListLeases = channel.unary_unary(
+                '/mship.coordinator.v1.Coordinator/ListLeases',
+                request_serializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ListLeasesRequest.SerializeToString,
+                response_deserializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ListLeasesResponse.FromString,
+                _registered_method=True)
         self.RegisterReplica = channel.unary_unary(
                 '/mship.coordinator.v1.Coordinator/RegisterReplica',
                 request_serializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterReplicaRequest.SerializeToString,
@@ -128,6 +133,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLeases(self, request, context):
+        """Held and recent leases (bounded history), oldest first: who loaded when, per node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RegisterReplica(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -186,6 +198,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReleaseLease,
                     request_deserializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ReleaseLeaseRequest.FromString,
                     response_serializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ReleaseLeaseResponse.SerializeToString,
+            ),
+            'ListLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLeases,
+                    request_deserializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ListLeasesRequest.FromString,
+                    response_serializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ListLeasesResponse.SerializeToString,
             ),
             'RegisterReplica': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterReplica,
@@ -370,6 +387,33 @@ class Coordinator:
             '/mship.coordinator.v1.Coordinator/ReleaseLease',
             mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ReleaseLeaseRequest.SerializeToString,
             mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ReleaseLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mship.coordinator.v1.Coordinator/ListLeases',
+            mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ListLeasesRequest.SerializeToString,
+            mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ListLeasesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,92 @@
+"""Clients that hammer the gateway while something happens (a deploy, a restart, a rescale).
+
+Each client thread sends chat requests back to back on its own connection, alternating streamed
+and non-streamed; every request that does not end well (a non-200 status, a stream without
+`[DONE]` or with an error chunk, a transport error) is recorded as a failure. Used by the
+integration tests (assert no failure) and by bench/cutover.py (latency percentiles).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+
+
+@dataclass(frozen=True)
+class Sample:
+    started: float  # time.monotonic()
+    latency_s: float
+    streamed: bool
+
+
+class LoadGenerator:
+    def __init__(self, base_url: str, model: str, clients: int = 4, max_tokens: int = 8,
+                 prompt: str = "What is 2 + 2?") -> None:
+        self.base_url = base_url
+        self.body = {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": prompt}]}
+        self.samples: list[Sample] = []
+        self.failures: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, args=(i % 2 == 1,), daemon=True, name=f"load-{i}")
+                         for i in range(clients)]
+
+    @property
+    def ok(self) -> int:
+        return len(self.samples)
+
+    def _loop(self, streamed: bool) -> None:
+        with httpx.Client(base_url=self.base_url, timeout=120) as http:
+            while not self._stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    error = self._stream(http) if streamed else self._request(http)
+                except httpx.HTTPError as e:
+                    error = repr(e)
+                with self._lock:
+                    if error:
+                        self.failures.append(f"{'stream' if streamed else 'request'}: {error}")
+                    else:
+                        self.samples.append(Sample(t0, time.monotonic() - t0, streamed))
+                streamed = not streamed
+
+    def _request(self, http: httpx.Client) -> str:
+        r = http.post("/v1/chat/completions", json=self.body)
+        if r.status_code != 200 or not r.json()["choices"]:
+            return f"{r.status_code} {r.text[:300]}"
+        return ""
+
+    def _stream(self, http: httpx.Client) -> str:
+        with http.stream("POST", "/v1/chat/completions", json={**self.body, "stream": True}) as r:
+            if r.status_code != 200:
+                return f"{r.status_code} {r.read().decode(errors='replace')[:300]}"
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        if not lines or lines[-1] != "data: [DONE]":
+            return f"stream ended without [DONE]: {lines[-2:]}"
+        errors = [line for line in lines if '"error"' in line]
+        return f"error chunk in stream: {errors[0]}" if errors else ""
+
+    def wait_for(self, n: int, timeout_s: float = 120) -> None:
+        """Until `n` more requests have succeeded than now (the load really flows)."""
+        target, deadline = self.ok + n, time.monotonic() + timeout_s
+        while self.ok < target:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {self.ok} requests succeeded; failures: {self.failures[:3]}")
+            time.sleep(0.05)
+
+    def latencies(self, since: float = 0.0, until: float = float("inf")) -> list[float]:
+        with self._lock:
+            return [s.latency_s for s in self.samples if since <= s.started < until]
+
+    def __enter__(self) -> LoadGenerator:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(120)

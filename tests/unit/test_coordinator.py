@@ -1,0 +1,43 @@
+"""Coordinator pieces that need no Ray: lease bookkeeping and the reasons a deploy reports."""
+
+from __future__ import annotations
+
+from mship.coordinator.v1 import coordinator_pb2 as pb
+from services.coordinator.deployer import failure_reason
+from services.coordinator.leases import HISTORY, LeaseManager
+
+SERVE_FAILURE = """The deployment failed to start 3 times in a row. This may be due to a problem with its \
+constructor or initial health check failing. See controller logs for details. Error:
+ray::ServeReplica:mship-model-swap-1a2b:worker.initialize_and_get_metadata() (pid=7, ip=127.0.0.1)
+Traceback (most recent call last):
+  File "/work/services/worker/host.py", line 52, in resolve_model
+    raise FileNotFoundError(f"model path {ref} does not exist on this node")
+FileNotFoundError: model path /nope does not exist on this node"""
+
+
+def test_failure_reason_keeps_the_first_sentence_and_the_exception():
+    assert failure_reason(SERVE_FAILURE) == ("The deployment failed to start 3 times in a row: "
+                                             "FileNotFoundError: model path /nope does not exist on this node")
+    assert failure_reason("  not ready within 900s  ") == "not ready within 900s"
+
+
+async def test_lease_records_say_how_each_lease_ended():
+    leases = LeaseManager()
+    first = await leases.acquire("n", "a", ttl_s=0.05, wait_s=0)
+    second = await leases.acquire("n", "b", ttl_s=5, wait_s=1)  # granted once a's lease expires
+    assert second is not None and second.lease_id != first.lease_id
+    await leases.release(second.lease_id)
+    a, b = leases.records()
+    assert (a.holder, a.end) == ("a", pb.LEASE_END_EXPIRED) and a.ended_at <= b.granted_at
+    assert (b.holder, b.end) == ("b", pb.LEASE_END_RELEASED) and b.ended_at >= b.granted_at
+    held = await leases.acquire("m", "c", ttl_s=5, wait_s=0)
+    assert leases.records("m")[0].end == pb.LEASE_END_UNSPECIFIED and held is not None
+
+
+async def test_lease_history_is_bounded():
+    leases = LeaseManager()
+    for i in range(HISTORY + 10):
+        lease = await leases.acquire("n", f"h{i}", ttl_s=5, wait_s=0)
+        await leases.release(lease.lease_id)
+    records = leases.records()
+    assert len(records) == HISTORY and records[-1].holder == f"h{HISTORY + 9}"
