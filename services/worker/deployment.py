@@ -63,9 +63,12 @@ class WorkerDeployment:
         return f"{self.registrar.replica.endpoint.host}:{self.server.port}"
 
     async def __del__(self) -> None:
-        # Leave routing first so no new call arrives, then let in-flight streams finish.
-        await self.registrar.stop()
-        await self.server.stop(grace_s=25.0)
+        # Leave routing first so no new call arrives, then let in-flight streams finish. (Either may
+        # be missing when __init__ failed: a failed load never registered.)
+        if hasattr(self, "registrar"):
+            await self.registrar.stop()
+        if hasattr(self, "server"):
+            await self.server.stop(grace_s=25.0)
 
 
 def worker_app(spec: common_pb2.ModelSpec, version: str, coordinator: str):
