@@ -68,9 +68,6 @@ def start_platform(cfg: PlatformConfig) -> None:
         ray.init(address=cfg.ray_address, namespace=NAMESPACE, log_to_driver=False,
                  runtime_env={"env_vars": env_vars})
     else:
-        # Ray starts its workers at nice 15 by default; here they are the data plane (engines,
-        # gateway), which must not lose the CPU to anything else on the node.
-        os.environ.setdefault("RAY_worker_niceness", "0")
         ray.init(address="local", num_cpus=cfg.num_cpus or 4 * (os.cpu_count() or 2), include_dashboard=False,
                  namespace=NAMESPACE, log_to_driver=False, runtime_env={"env_vars": env_vars},
                  _node_ip_address=cfg.host if cfg.host.startswith("127.") else None)
