@@ -94,7 +94,8 @@ def deploy(args: argparse.Namespace, stub: coordinator_pb2_grpc.CoordinatorStub,
             return EXIT_OK
     first = next(iter(stream))
     stream.cancel()
-    print(f"deploy {first.deploy_id} started; follow it with: mship deploy --status {first.deploy_id}")
+    print(f"deploy {first.deploy_id} started" + (f" ({first.message})" if first.message else "") +
+          f"; follow it with: mship deploy --status {first.deploy_id}")
     return EXIT_OK
 
 

@@ -54,7 +54,10 @@ async def _housekeeping(server: grpc.aio.Server, store: Store, interval_s: float
             for record in failed:
                 log.warning("run %s failed: its owner %s lost its lease", record.key.response_id, record.owner)
     finally:
-        await store.close()
+        try:
+            await store.close()
+        except Exception as e:  # the backend may be gone already (e.g. Redis stopped first)
+            log.info("closing the store: %r", e)
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=4, health_check_period_s=2)

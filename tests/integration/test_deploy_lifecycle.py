@@ -118,9 +118,15 @@ def test_rescale_in_place_and_a_cancelled_scale_up(platform, home):
         assert code == 0, out
         deploy_id = re.search(r"deploy (\w+) started", out).group(1)
         until(lambda: apps(platform)[app].target_replicas == 3, "the scale-up is under way")
+        # One deploy at a time: another one waits its turn, and says so.
+        code, out = deploy(platform, home, swap_models(V2, replicas=1))
+        assert code == 0 and f"queued behind deploy {deploy_id}" in out, out
+        queued_id = re.search(r"deploy (\w+) started", out).group(1)
+        assert platform.deployment(queued_id).state == cpb.DEPLOY_STATE_QUEUED
         cancelled = mship("--coordinator", platform.coordinator, "deploy", "--cancel", deploy_id)
         assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout, cancelled.stdout + cancelled.stderr
         assert platform.deployment(deploy_id).state == cpb.DEPLOY_STATE_CANCELLED
+        until(lambda: platform.deployment(queued_id).state == cpb.DEPLOY_STATE_SUCCEEDED, "the queued deploy ran")
         until(lambda: (apps(platform)[app].target_replicas, apps(platform)[app].running_replicas) == (1, 1),
               "the committed count of 1", 60)
         load.wait_for(4)
