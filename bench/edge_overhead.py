@@ -80,6 +80,9 @@ async def measure(paths: dict, concurrency: int, rounds: int, tokens: int) -> di
     samples = {name: {"ttft": [], "itl": [], "rate": []} for name in paths}
     for _ in range(rounds):
         for name, one in paths.items():  # interleaved: drift on the box hits every path alike
+            # An unmeasured batch first: a path that sat idle while the others ran pays for waking
+            # its processes (engine busy-loop back-off, scheduler), which is not what the edge costs.
+            await asyncio.gather(*[one(8) for _ in range(concurrency)])
             t0 = time.perf_counter()
             results = await asyncio.gather(*[one(tokens) for _ in range(concurrency)])
             wall = time.perf_counter() - t0
