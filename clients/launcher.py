@@ -20,6 +20,11 @@ RAY_ENV = {
     "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
     "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30",
     "RAY_USAGE_STATS_ENABLED": "0",
+    # Replicas run their code on the main loop, the one Serve's own gRPC server polls from: gRPC's
+    # asyncio layer wakes every loop in a process that uses gRPC for every event, so with our
+    # servers on Serve's separate user-code loop each streamed token woke two threads. Set for the
+    # whole job (not per deployment), so replicas still start in Ray's pre-started worker processes.
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
 }
 ENGINE_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 

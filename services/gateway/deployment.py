@@ -7,7 +7,6 @@ import logging
 
 from ray import serve
 
-from services.common.replica import ONE_LOOP_RUNTIME_ENV
 from services.common.routes import RouteTable, RoutingWatcher
 from services.gateway.app import GatewaySettings, create_app
 from services.gateway.conversation import CompactionCodec
@@ -19,8 +18,9 @@ log = logging.getLogger(__name__)
 
 
 @serve.deployment(
-    # The HTTP server runs on the replica's main loop too (ReusePortServer.start_here).
-    ray_actor_options={"num_cpus": 0.1, "runtime_env": ONE_LOOP_RUNTIME_ENV},
+    # With the launcher's RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0 this __init__, and so the HTTP
+    # server (ReusePortServer.start_here), runs on the replica's main loop.
+    ray_actor_options={"num_cpus": 0.1},
     max_surge_percent=100,  # the replacement listens before the old replica stops: no refused connections
     graceful_shutdown_timeout_s=30,
     graceful_shutdown_wait_loop_s=0.5,

@@ -16,7 +16,6 @@ from ray import serve
 
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as cpb
-from services.common.replica import ONE_LOOP_RUNTIME_ENV
 from services.worker.registration import Registrar, node_lease
 from services.worker.server import WorkerServer, start_worker_server
 
@@ -24,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 @serve.deployment(
-    ray_actor_options={"num_cpus": 0.5, "runtime_env": ONE_LOOP_RUNTIME_ENV},
+    ray_actor_options={"num_cpus": 0.5},
     health_check_period_s=2,
     health_check_timeout_s=10,
     graceful_shutdown_timeout_s=30,
@@ -75,8 +74,7 @@ class WorkerDeployment:
 def worker_app(spec: common_pb2.ModelSpec, version: str, coordinator: str):
     """The Serve application of one model version (replica count and resources from the spec)."""
     options: dict = {"name": "worker",
-                     "ray_actor_options": {"num_cpus": spec.num_cpus or 0.5, "num_gpus": spec.num_gpus,
-                                           "runtime_env": ONE_LOOP_RUNTIME_ENV}}
+                     "ray_actor_options": {"num_cpus": spec.num_cpus or 0.5, "num_gpus": spec.num_gpus}}
     if spec.HasField("autoscaling"):
         a = spec.autoscaling
         options["autoscaling_config"] = {
