@@ -14,7 +14,6 @@ p99 during the cutover <= 1.5x steady state.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -28,6 +27,7 @@ for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
 
 import grpc  # noqa: E402
 
+from bench.report import pct, write_json  # noqa: E402
 from clients.modelset import load_model_set  # noqa: E402
 from mship.coordinator.v1 import coordinator_pb2 as pb  # noqa: E402
 from mship.coordinator.v1 import coordinator_pb2_grpc  # noqa: E402
@@ -40,11 +40,6 @@ MODEL = "swap"
 def models_yaml(max_model_len: int) -> str:
     return (f"models:\n  - name: {MODEL}\n    model: builtin:tiny-qwen2\n    max_model_len: {max_model_len}\n"
             "    max_num_seqs: 8\n    num_cpus: 0.5\n")
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))] if values else float("nan")
 
 
 def cutover(platform: PlatformProcess, config: Path) -> dict[str, float]:
@@ -110,9 +105,7 @@ def main() -> None:
     for f in failures[:5]:
         print(f"failure: {f}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"rounds": rows, "failures": failures, "args": {**vars(args), "json": str(
-            args.json)}, "cpus": os.cpu_count(), "load_avg": os.getloadavg()}, indent=1))
+        write_json(args.json, args, rounds=rows, failures=failures)
 
 
 if __name__ == "__main__":

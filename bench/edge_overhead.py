@@ -33,6 +33,7 @@ for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
 
 import httpx  # noqa: E402
 
+from bench.report import pct, write_json  # noqa: E402
 from clients.client import MshipClient  # noqa: E402
 from services.worker.builtin import resolve_model_ref  # noqa: E402
 from services.worker.vllm_engine import DEFAULT_CPU_KV_CACHE_BYTES, set_engine_env  # noqa: E402
@@ -40,11 +41,6 @@ from tests.platform_process import PlatformProcess, free_port  # noqa: E402
 
 MODEL, MAX_NUM_SEQS, MAX_MODEL_LEN = "tiny", 32, 1024
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))] if values else float("nan")
 
 
 async def sse_stream(http: httpx.AsyncClient, tokens: int) -> tuple[float, list[float], int]:
@@ -168,9 +164,7 @@ def main() -> None:
               f"p99 {summary[c]['gateway_ttft_p99_added_ms']:+.2f} ms, throughput "
               f"{100 * summary[c]['gateway_throughput_ratio']:.1f}%")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"table": table, "summary": summary, "args": {**vars(args), "json": str(
-            args.json)}, "cpus": os.cpu_count(), "load_avg": os.getloadavg()}, indent=1))
+        write_json(args.json, args, table=table, summary=summary)
 
 
 if __name__ == "__main__":

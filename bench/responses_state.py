@@ -35,17 +35,13 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import redis  # noqa: E402
 
+from bench.report import pct, write_json  # noqa: E402
 from mship.state.v1 import state_pb2 as pb  # noqa: E402
 from services.state.client import StateClient  # noqa: E402
 from services.worker.builtin import corpus  # noqa: E402
 from tests.platform_process import PlatformProcess, free_port  # noqa: E402
 
 IDENTITY = "bench"
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))] if values else float("nan")
 
 
 def stats(samples_s: list[float]) -> dict[str, float]:
@@ -294,10 +290,7 @@ def main() -> None:
     if "gateway" in table:
         print("target: e2e TTFT added by resolution <= 1 ms p50 per turn (Redis on loopback)")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"table": table, "snapshot_bytes": size,
-                                         "args": {**vars(args), "json": str(args.json)}, "cpus": os.cpu_count(),
-                                         "load_avg": os.getloadavg()}, indent=1))
+        write_json(args.json, args, table=table, snapshot_bytes=size)
 
 
 if __name__ == "__main__":

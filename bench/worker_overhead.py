@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
 
 import grpc  # noqa: E402
 
+from bench.report import pct, write_json  # noqa: E402
 from mship.worker.v1 import worker_pb2 as pb  # noqa: E402
 from mship.worker.v1 import worker_pb2_grpc  # noqa: E402
 from services.worker.builtin import resolve_model_ref  # noqa: E402
@@ -34,11 +34,6 @@ from services.worker.vllm_engine import engine_args_for, set_engine_env  # noqa:
 
 PROMPT = "Tell me a story."
 MAX_NUM_SEQS = 16
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
 class InProcess:
@@ -156,10 +151,7 @@ def main() -> None:
     print("gRPC hop: TTFT p50 {ttft_p50_added_ms:+.2f} ms (target <= +0.5), tok/s 1 stream "
           "{tok_s_1_change_pct:+.1f}%, 8 streams {tok_s_8_change_pct:+.1f}% (target >= -2%)".format(**summary))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"table": table, "summary": summary, "cpus": os.cpu_count(),
-                                         "args": vars(args) | {"json": str(args.json)},
-                                         "load_avg": os.getloadavg()}, indent=1))
+        write_json(args.json, args, table=table, summary=summary)
 
 
 if __name__ == "__main__":

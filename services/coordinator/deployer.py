@@ -117,7 +117,7 @@ class Deployer:
         record.task = asyncio.create_task(self._run(record, request))
         return record
 
-    def plan(self, request: pb.DeployRequest) -> Plan:
+    async def plan(self, request: pb.DeployRequest) -> Plan:
         plan = Plan(drain_timeout_s=request.drain_timeout_s or DEFAULT_DRAIN_TIMEOUT_S)
         wanted = {spec.name: spec for spec in request.models}
         for name, spec in wanted.items():
@@ -129,6 +129,10 @@ class Deployer:
                 plan.rescale[name] = spec
             else:
                 plan.unchanged.append(name)
+        # The same config again restores a fixed replica count that drifted from it in Serve.
+        for name in await self._drifted(plan.unchanged):
+            plan.unchanged.remove(name)
+            plan.rescale[name] = self.running[name].spec
         if request.mode == pb.DEPLOY_MODE_RECONCILE:
             plan.remove = sorted(set(self.running) - set(wanted))
         return plan
@@ -164,7 +168,7 @@ class Deployer:
                 request = pb.DeployRequest(models=await self._committed(), mode=pb.DEPLOY_MODE_RECONCILE,
                                            drain_timeout_s=request.drain_timeout_s)
                 await record.emit(f"the committed set: {', '.join(s.name for s in request.models) or 'empty'}")
-            ok = await self._apply(record, self.plan(request))
+            ok = await self._apply(record, await self.plan(request))
         except asyncio.CancelledError:
             await record.emit("cancelled: going back to the set that ran before this deploy")
             try:
@@ -197,16 +201,13 @@ class Deployer:
         for app in sorted(self._pending_apps):
             await serve_control.delete(app)
         self._pending_apps.clear()
-        plan = self.plan(pb.DeployRequest(models=[m.spec for m in before.values()], mode=pb.DEPLOY_MODE_RECONCILE))
+        plan = await self.plan(pb.DeployRequest(models=[m.spec for m in before.values()],
+                                                mode=pb.DEPLOY_MODE_RECONCILE))
         await self._apply(record, plan)
 
     async def _apply(self, record: DeployRecord, plan: Plan) -> bool:
-        drifted = await self._drifted(plan.unchanged)
         for name in plan.unchanged:
             current = self.running[name]
-            if name in drifted:
-                plan.rescale[name] = current.spec
-                continue
             await record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_UNCHANGED))
         for name in plan.remove:  # first: the room it frees is there for the new models
             await self._remove(record, name)
