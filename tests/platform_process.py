@@ -74,7 +74,7 @@ class PlatformProcess:
                "--gateway-replicas", str(gateway_replicas), *(["--state-store", state_store] if state_store else [])]
         log = open(log_path, "w")
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})}, start_new_session=True)
+                                env={**os.environ, **(env or {})}, process_group=0)
         return cls(proc, log_path, *ports)
 
     # ---- the coordinator's and the state service's view, over their real gRPC APIs ----
