@@ -4,8 +4,11 @@
   vllm-http  vLLM's own OpenAI server (python -m vllm.entrypoints.openai.api_server)
   grpc       mship's Python client -> worker replica (the internal low-latency path)
 
-Prints TTFT p50/p99, inter-token latency p50 and throughput at 1, 8 and 32 concurrent streams;
---json PATH writes them. Targets (issue 3): the gateway adds <= 1 ms p50 / <= 3 ms p99 TTFT over
+Prints TTFT p50/p99, inter-token latency p50, throughput, and the server-side CPU each path spends
+per generated token (its own processes, engine included; the gateway's replica also on its own) at
+1, 8 and 32 concurrent streams; --json PATH writes them. On a small box the client, the servers and
+the engine share the cores, so throughput there is CPU per token: the CPU columns say where it goes.
+Targets (issue 3): the gateway adds <= 1 ms p50 / <= 3 ms p99 TTFT over
 vLLM's server and keeps >= 99% of its throughput; the gRPC client adds <= 0.3 ms p50.
 
   .venv/bin/python bench/edge_overhead.py [--rounds 3] [--tokens 64] [--json out.json]
@@ -32,6 +35,7 @@ for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
     os.environ.setdefault(key, value)
 
 import httpx  # noqa: E402
+import psutil  # noqa: E402
 
 from bench.report import pct, write_json  # noqa: E402
 from clients.client import MshipClient  # noqa: E402
@@ -41,6 +45,8 @@ from tests.platform_process import PlatformProcess, free_port  # noqa: E402
 
 MODEL, MAX_NUM_SEQS, MAX_MODEL_LEN = "tiny", 32, 1024
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+# which CPU meter holds each path's server stack
+STACK = {"vllm-http": "vllm-server", "gateway": "platform-path", "grpc": "worker-replica"}
 
 
 async def sse_stream(http: httpx.AsyncClient, tokens: int) -> tuple[float, list[float], int]:
@@ -72,22 +78,53 @@ async def grpc_stream(client: MshipClient, tokens: int) -> tuple[float, list[flo
     return stamps[0] - t0, [b - a for a, b in itertools.pairwise(stamps)], generated
 
 
-async def measure(paths: dict, concurrency: int, rounds: int, tokens: int) -> dict[str, dict[str, float]]:
-    samples = {name: {"ttft": [], "itl": [], "rate": []} for name in paths}
+class CpuMeter:
+    """CPU seconds (user + system) spent by a set of processes and their children."""
+
+    def __init__(self, roots: list[psutil.Process]) -> None:
+        self.procs = [q for p in roots for q in (p, *p.children(recursive=True))]
+
+    def seconds(self) -> float:
+        total = 0.0
+        for proc in self.procs:
+            try:
+                t = proc.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
+
+
+async def measure(paths: dict, meters: dict[str, CpuMeter], concurrency: int, rounds: int,
+                  tokens: int) -> dict[str, dict[str, float]]:
+    samples = {name: {"ttft": [], "itl": [], "rate": [], "tokens": 0, "cpu": {k: 0.0 for k in meters}}
+               for name in paths}
     for _ in range(rounds):
         for name, one in paths.items():  # interleaved: drift on the box hits every path alike
             # An unmeasured batch first: a path that sat idle while the others ran pays for waking
             # its processes (engine busy-loop back-off, scheduler), which is not what the edge costs.
             await asyncio.gather(*[one(8) for _ in range(concurrency)])
+            cpu0 = {k: m.seconds() for k, m in meters.items()}
             t0 = time.perf_counter()
             results = await asyncio.gather(*[one(tokens) for _ in range(concurrency)])
             wall = time.perf_counter() - t0
-            samples[name]["ttft"] += [r[0] * 1000 for r in results]
-            samples[name]["itl"] += [g * 1000 for r in results for g in r[1]]
-            samples[name]["rate"].append(sum(r[2] for r in results) / wall)
-    return {name: {"ttft_p50_ms": statistics.median(s["ttft"]), "ttft_p99_ms": pct(s["ttft"], 99),
-                   "itl_p50_ms": statistics.median(s["itl"]), "tok_s": statistics.median(s["rate"])}
-            for name, s in samples.items()}
+            s = samples[name]
+            for k, m in meters.items():
+                s["cpu"][k] += m.seconds() - cpu0[k]
+            s["ttft"] += [r[0] * 1000 for r in results]
+            s["itl"] += [g * 1000 for r in results for g in r[1]]
+            s["rate"].append(sum(r[2] for r in results) / wall)
+            s["tokens"] += sum(r[2] for r in results)
+    out = {}
+    for name, s in samples.items():
+        row = {"ttft_p50_ms": statistics.median(s["ttft"]), "ttft_p99_ms": pct(s["ttft"], 99),
+               "itl_p50_ms": statistics.median(s["itl"]), "tok_s": statistics.median(s["rate"])}
+        # µs of server CPU per generated token: the path's own stack, and the gateway replica alone
+        row["server_cpu_us_per_token"] = 1e6 * s["cpu"][STACK[name]] / s["tokens"]
+        if name == "gateway":
+            row["gateway_cpu_us_per_token"] = 1e6 * s["cpu"]["gateway-replica"] / s["tokens"]
+        out[name] = row
+    return out
 
 
 def start_vllm_server(model_dir: str, port: int, log: Path) -> subprocess.Popen:
@@ -96,6 +133,8 @@ def start_vllm_server(model_dir: str, port: int, log: Path) -> subprocess.Popen:
            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), "--max-model-len",
            str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS), "--enforce-eager", "--enable-prefix-caching",
            "--seed", "0", "--kv-cache-memory-bytes", str(DEFAULT_CPU_KV_CACHE_BYTES)]
+    # In this (the bench's) session: with sched_autogroup each session is its own scheduling group,
+    # and a lightly loaded client session waits 100+ ms for a CPU next to a busy server session.
     # At the niceness Ray gives the platform's processes (15 unless RAY_worker_niceness says
     # otherwise): the client (nice 0) must not out-prioritise one server stack and not the other.
     niceness = int(os.environ.get("RAY_worker_niceness", "15"))
@@ -116,16 +155,23 @@ def wait_http(url: str, server: subprocess.Popen, timeout_s: float = 600) -> Non
     raise TimeoutError(url)
 
 
-async def run(args: argparse.Namespace, platform: PlatformProcess, vllm_port: int) -> dict:
+def cpu_meters(platform: PlatformProcess, server: subprocess.Popen) -> dict[str, CpuMeter]:
+    gateway, worker = platform.find("ServeReplica:mship-gateway"), platform.find(f"ServeReplica:mship-model-{MODEL}")
+    return {"vllm-server": CpuMeter([psutil.Process(server.pid)]), "gateway-replica": CpuMeter(gateway),
+            "worker-replica": CpuMeter(worker), "platform-path": CpuMeter(gateway + worker)}
+
+
+async def run(args: argparse.Namespace, platform: PlatformProcess, vllm_port: int,
+              meters: dict[str, CpuMeter]) -> dict:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=platform.base_url, timeout=120, limits=limits) as gw, \
             httpx.AsyncClient(base_url=f"http://127.0.0.1:{vllm_port}", timeout=120, limits=limits) as vl, \
             MshipClient(platform.coordinator) as client:
         paths = {"vllm-http": lambda n: sse_stream(vl, n), "gateway": lambda n: sse_stream(gw, n),
                  "grpc": lambda n: grpc_stream(client, n)}
-        await measure(paths, 4, 5, 16)  # warm up connections and the engines
+        await measure(paths, meters, 4, 5, 16)  # warm up connections and the engines
         # At least ~30 TTFT samples per path at every concurrency: a p50 of 3 says nothing.
-        return {str(c): await measure(paths, c, max(args.rounds, -(-30 // c)), args.tokens) for c in (1, 8, 32)}
+        return {str(c): await measure(paths, meters, c, max(args.rounds, -(-30 // c)), args.tokens) for c in (1, 8, 32)}
 
 
 def main() -> None:
@@ -144,25 +190,28 @@ def main() -> None:
     try:
         platform.wait_ready()
         wait_http(f"http://127.0.0.1:{vllm_port}/health", server)
-        table = asyncio.run(run(args, platform, vllm_port))
+        table = asyncio.run(run(args, platform, vllm_port, cpu_meters(platform, server)))
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
         platform.stop()
-    print(f"{'streams':>7} {'path':<10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'ITL p50 ms':>11} {'tok/s':>9}")
+    print(f"{'streams':>7} {'path':<10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'ITL p50 ms':>11} {'tok/s':>9} "
+          f"{'server CPU us/tok':>18}")
     summary = {}
     for c, rows in table.items():
         for name, r in rows.items():
             print(f"{c:>7} {name:<10} {r['ttft_p50_ms']:>12.2f} {r['ttft_p99_ms']:>12.2f} {r['itl_p50_ms']:>11.2f} "
-                  f"{r['tok_s']:>9.0f}")
+                  f"{r['tok_s']:>9.0f} {r['server_cpu_us_per_token']:>18.0f}")
         base, gw, grpc_ = rows["vllm-http"], rows["gateway"], rows["grpc"]
         summary[c] = {"gateway_ttft_p50_added_ms": gw["ttft_p50_ms"] - base["ttft_p50_ms"],
                       "gateway_ttft_p99_added_ms": gw["ttft_p99_ms"] - base["ttft_p99_ms"],
                       "gateway_throughput_ratio": gw["tok_s"] / base["tok_s"],
-                      "grpc_ttft_p50_vs_vllm_http_ms": grpc_["ttft_p50_ms"] - base["ttft_p50_ms"]}
+                      "grpc_ttft_p50_vs_vllm_http_ms": grpc_["ttft_p50_ms"] - base["ttft_p50_ms"],
+                      "gateway_replica_cpu_us_per_token": gw["gateway_cpu_us_per_token"]}
         print(f"{c:>7} gateway vs vLLM server: TTFT p50 {summary[c]['gateway_ttft_p50_added_ms']:+.2f} ms, "
               f"p99 {summary[c]['gateway_ttft_p99_added_ms']:+.2f} ms, throughput "
-              f"{100 * summary[c]['gateway_throughput_ratio']:.1f}%")
+              f"{100 * summary[c]['gateway_throughput_ratio']:.1f}%; the gateway replica spends "
+              f"{summary[c]['gateway_replica_cpu_us_per_token']:.0f} us CPU per token")
     if args.json:
         write_json(args.json, args, table=table, summary=summary)
 

@@ -95,9 +95,6 @@ async def test_client_disconnect_mid_stream_aborts_engine_work(platform, worker_
     assert (await worker_stub.GetLoad(pb.GetLoadRequest())).generated_tokens_total == frozen
 
 
-@pytest.mark.xfail(strict=False, reason="known: while a worker streams flat out on 2 cores, new calls through "
-                   "the gateway can take many seconds to be admitted (see the session note); the behaviour itself "
-                   "is proven at the worker (test_worker_vllm) and at the edge (test_gateway_edge)")
 async def test_client_disconnect_before_first_token(platform, worker_stub):
     # Twelve direct calls: two hold the engine's two slots, ten queue behind them for many seconds,
     # so the HTTP request below (thirteenth in line) waits in the engine's queue without a token.
