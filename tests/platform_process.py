@@ -73,6 +73,9 @@ class PlatformProcess:
                "--http-port", str(ports[0]), "--coordinator-port", str(ports[1]), "--state-port", str(ports[2]),
                "--gateway-replicas", str(gateway_replicas), *(["--state-store", state_store] if state_store else [])]
         log = open(log_path, "w")
+        # Its own process group (signals from a terminal's Ctrl-C stay out) but the caller's session:
+        # with sched_autogroup a session is a CPU scheduling group, and the test client in a session
+        # of its own waited 100-800 ms for a CPU next to the busy platform.
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {})}, process_group=0)
         return cls(proc, log_path, *ports)
