@@ -79,9 +79,12 @@ class CoordinatorDeployment:
                 raise RuntimeError(f"coordinator task failed: {task.exception()!r}")
 
     async def __del__(self) -> None:
-        for task in self._tasks:
+        # (parts are missing when __init__ failed, e.g. the port was taken)
+        for task in getattr(self, "_tasks", []):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        await self.server.stop(1)
-        await self.state.close()
+        if hasattr(self, "server"):
+            await self.server.stop(1)
+        if hasattr(self, "state"):
+            await self.state.close()

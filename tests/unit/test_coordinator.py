@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from services.coordinator.deployer import failure_reason
 from services.coordinator.leases import HISTORY, LeaseManager
@@ -41,3 +43,24 @@ async def test_lease_history_is_bounded():
         await leases.release(lease.lease_id)
     records = leases.records()
     assert len(records) == HISTORY and records[-1].holder == f"h{HISTORY + 9}"
+
+
+async def test_a_coordinator_whose_port_is_taken_fails_and_tears_down_cleanly():
+    import socket
+
+    from services.coordinator.deployment import CoordinatorDeployment
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        coordinator_class = CoordinatorDeployment.func_or_class  # the class Serve constructs
+
+        class Probe(coordinator_class):
+            def __del__(self) -> None:  # the test runs the async teardown itself, once
+                pass
+
+        coordinator = Probe.__new__(Probe)
+        with pytest.raises((OSError, RuntimeError), match="bind"):
+            await coordinator.__init__("127.0.0.1", port, "127.0.0.1:1")
+        await coordinator_class.__del__(coordinator)  # what Serve runs next: no AttributeError
