@@ -136,7 +136,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace, verbose: bool = False) -> int:
     channel, stub = _stub(args)
     try:
-        reply = stub.ListModels(pb.ListModelsRequest(), timeout=10)
+        reply = stub.ListModels(pb.ListModelsRequest(include_serve_apps=verbose), timeout=10)
         snapshot = _routing_snapshot(stub) if verbose else pb.RoutingSnapshot()
     except grpc.RpcError as e:
         return _unreachable(args, e)

@@ -96,7 +96,7 @@ class PlatformProcess:
         return [r for m in self.routing().models if m.name == model for r in m.replicas]
 
     def models(self) -> cpb.ListModelsResponse:
-        return self._coordinator("ListModels", cpb.ListModelsRequest())
+        return self._coordinator("ListModels", cpb.ListModelsRequest(include_serve_apps=True))
 
     def leases(self) -> list[cpb.LeaseRecord]:
         return list(self._coordinator("ListLeases", cpb.ListLeasesRequest()).leases)

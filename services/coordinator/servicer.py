@@ -116,9 +116,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             out.models.append(pb.ModelInfo(spec=model.spec, version=model.version, app_name=model.app,
                                            ready_replicas=len(self.table.live(name, model.version)),
                                            load_time_s=model.load_time_s))
-        for name, app in sorted((await serve_control.model_apps()).items()):
-            out.apps.append(pb.ServeApp(name=name, status=app.status, running_replicas=app.running_replicas,
-                                        target_replicas=app.target_replicas))
+        if request.include_serve_apps:
+            for name, app in sorted((await serve_control.model_apps()).items()):
+                out.apps.append(pb.ServeApp(name=name, status=app.status, running_replicas=app.running_replicas,
+                                            target_replicas=app.target_replicas))
         return out
 
 

@@ -179,6 +179,7 @@ def test_committed_set_is_stored_in_the_state_service(platform):
 def test_cli_status_models_and_bad_config(platform, tmp_path):
     out = mship("--coordinator", platform.coordinator, "models")
     assert out.returncode == 0 and out.stdout.split()[0] == "tiny"
+    assert "serve applications:" not in out.stdout  # Serve's own view is asked for by `status` only
     bad = tmp_path / "bad.yaml"
     bad.write_text("models:\n  - name: x\n    model: builtin:tiny-qwen2\n    num_replicas: two\n")
     out = mship("--coordinator", platform.coordinator, "deploy", "--config", str(bad), "--wait")
@@ -186,6 +187,7 @@ def test_cli_status_models_and_bad_config(platform, tmp_path):
     assert str(bad) in out.stderr and "models[0].num_replicas" in out.stderr and "Fix:" in out.stderr
     out = mship("--coordinator", platform.coordinator, "status")
     assert out.returncode == 0 and "tiny" in out.stdout and " x " not in out.stdout  # nothing deployed
+    assert "serve applications:" in out.stdout and "mship-model-tiny-" in out.stdout
     assert mship("--coordinator", "127.0.0.1:1", "models").returncode == 3
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from mship.coordinator.v1 import coordinator_pb2 as pb
@@ -46,9 +48,7 @@ async def test_lease_history_is_bounded():
 
 
 async def test_a_coordinator_whose_port_is_taken_fails_and_tears_down_cleanly():
-    import socket
-
-    from services.coordinator.deployment import CoordinatorDeployment
+    from services.coordinator.deployment import CoordinatorDeployment  # imports Ray Serve: only here
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -305,8 +305,10 @@ class WatchRoutingRequest(_message.Message):
     def __init__(self, known_version: _Optional[int] = ..., subscriber_id: _Optional[str] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("include_serve_apps",)
+    INCLUDE_SERVE_APPS_FIELD_NUMBER: _ClassVar[int]
+    include_serve_apps: bool
+    def __init__(self, include_serve_apps: _Optional[bool] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("spec", "version", "app_name", "ready_replicas", "load_time_s")
