@@ -1,0 +1,64 @@
+"""Server interceptors shared by every mship gRPC service (worker, coordinator, state).
+
+`ErrorInterceptor` is the one place where a raised `ServiceError` becomes the call's rich status
+(code + google.rpc details): servicers only raise. Auth and metrics interceptors sit beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from services.common.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+
+def _unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def wrapper(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await behavior(request_or_iterator, context)
+        except ServiceError as e:
+            await context.abort_with_status(e.to_status())
+    return wrapper
+
+
+def _streaming(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    async def wrapper(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for message in behavior(request_or_iterator, context):
+                yield message
+        except ServiceError as e:
+            await context.abort_with_status(e.to_status())
+    return wrapper
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Turns `ServiceError` raised by any handler (unary or streaming) into its gRPC status."""
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                _unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                _streaming(handler.unary_stream), handler.request_deserializer, handler.response_serializer)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                _unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer)
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(
+                _streaming(handler.stream_stream), handler.request_deserializer, handler.response_serializer)
+        return handler
+
+
+def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
+    """The interceptors every mship gRPC server is built with, outermost first."""
+    return [ErrorInterceptor()]

@@ -1,0 +1,39 @@
+"""The platform's shared vocabulary: loader, usecase and parser names, and environment variables.
+
+Clients (CLI, models.yaml validation) and services both import this module, so a name is spelled
+once and a client never imports a service's internals to learn it.
+"""
+
+from __future__ import annotations
+
+from mship.common.v1 import common_pb2
+
+# models.yaml `loader:` -> the proto enum. IMPLEMENTED_LOADERS are the ones a replica can run today.
+LOADERS = {"vllm": common_pb2.LOADER_VLLM, "llama_cpp": common_pb2.LOADER_LLAMA_CPP}
+IMPLEMENTED_LOADERS = frozenset({"vllm"})
+LOADER_NAMES = {value: name for name, value in LOADERS.items()}
+
+USECASES = {"generate": common_pb2.USECASE_GENERATE, "embed": common_pb2.USECASE_EMBED}
+
+TOOL_PARSERS = ("hermes", "none")
+REASONING_PARSERS = ("think", "none")
+
+
+def loader_not_implemented(name: str) -> str | None:
+    """Why `name` cannot be deployed yet, or None when it can."""
+    if name in IMPLEMENTED_LOADERS:
+        return None
+    return (f"loader {name!r} is not implemented yet; use one of: "
+            f"{', '.join(sorted(IMPLEMENTED_LOADERS))}")
+
+
+# ---- environment variables --------------------------------------------------------------------
+ENV_COORDINATOR = "MSHIP_COORDINATOR"            # the CLI's default --coordinator
+ENV_STATE_STORE = "MSHIP_STATE_STORE"            # memory:// or redis://...
+ENV_REDIS_PASSWORD = "MSHIP_REDIS_PASSWORD"      # for a redis:// store URL without one
+ENV_CACHE_DIR = "MSHIP_CACHE_DIR"                # built models (default ~/.cache/mship)
+ENV_TRUST_IDENTITY_HEADER = "MSHIP_TRUST_IDENTITY_HEADER"  # "1": honour x-mship-identity
+ENV_COMPACTION_KEY = "MSHIP_COMPACTION_KEY"      # base64 of 32 bytes, shared by every gateway replica
+
+# Passed from `mship start` to every replica of the job.
+PLATFORM_ENV = (ENV_CACHE_DIR, ENV_REDIS_PASSWORD, ENV_TRUST_IDENTITY_HEADER, ENV_COMPACTION_KEY)

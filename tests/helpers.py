@@ -1,0 +1,38 @@
+"""Helpers every test tier shares: polls with a deadline (never bare sleeps) and refusal checks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+async def until(check: Callable[[], Any], what: str = "the condition", timeout_s: float = 5.0,
+                poll_s: float = 0.005) -> None:
+    """Poll `check` on the running loop until it is truthy; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout_s}s: {what}"
+        await asyncio.sleep(poll_s)
+
+
+def until_sync(check: Callable[[], Any], what: str = "the condition", timeout_s: float = 60.0,
+               poll_s: float = 0.2) -> None:
+    """`until` for synchronous tests (polling a platform process from outside)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout_s}s: {what}"
+        time.sleep(poll_s)
+
+
+def refused(parse: Callable[[Any], Any], body: Any, error: type[Exception], status: int = 400) -> Any:
+    """`parse(body)` raises `error` (an OpenAI error) with `status` and type invalid_request_error."""
+    with pytest.raises(error) as e:
+        parse(body)
+    err = e.value
+    assert err.status == status, err  # type: ignore[attr-defined]
+    assert err.body()["error"]["type"] == "invalid_request_error"  # type: ignore[attr-defined]
+    return err
