@@ -17,10 +17,11 @@ from pathlib import Path
 
 import grpc
 
-from clients.modelset import LOADERS, ConfigError, load_model_set, parse_model
+from clients.modelset import ConfigError, load_model_set, parse_model
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from mship.coordinator.v1 import coordinator_pb2_grpc
+from services.common.vocabulary import ENV_CACHE_DIR, ENV_COORDINATOR, ENV_STATE_STORE, LOADERS
 
 EXIT_OK, EXIT_BAD_CONFIG, EXIT_UNREACHABLE, EXIT_DEPLOY_FAILED, EXIT_START_FAILED = 0, 2, 3, 4, 5
 DEFAULT_COORDINATOR = "127.0.0.1:50051"
@@ -30,7 +31,7 @@ PHASE_NAMES = {v: k.removeprefix("MODEL_PHASE_").lower() for k, v in pb.ModelPha
 
 def pidfile(coordinator: str) -> Path:
     """Where `mship start` leaves its pid, per coordinator port: several platforms may share a host."""
-    root = Path(os.environ.get("MSHIP_CACHE_DIR") or Path.home() / ".cache" / "mship")
+    root = Path(os.environ.get(ENV_CACHE_DIR) or Path.home() / ".cache" / "mship")
     return root / "run" / f"mship-start-{coordinator.rsplit(':', 1)[-1]}.pid"
 
 
@@ -104,11 +105,7 @@ def _interrupt(*_: object) -> None:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    try:
-        models = _models_from_args(args)
-    except ConfigError as e:
-        print(f"mship: {e}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+    models = _models_from_args(args)
     if not models and not args.reconcile and not (args.cancel or args.status):
         print("mship: nothing to deploy: pass --config FILE or --model REF", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -171,16 +168,12 @@ def _routing_snapshot(stub: coordinator_pb2_grpc.CoordinatorStub) -> pb.RoutingS
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from clients.launcher import PlatformConfig, start_platform, stop_platform
+    from services.launcher import PlatformConfig, start_platform, stop_platform
 
-    try:
-        models = _models_from_args(args)
-    except ConfigError as e:
-        print(f"mship: {e}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+    models = _models_from_args(args)
     cfg = PlatformConfig(host=args.host, http_port=args.http_port, coordinator_port=args.coordinator_port,
                          state_port=args.state_port, gateway_replicas=args.gateway_replicas,
-                         state_store=args.state_store or os.environ.get("MSHIP_STATE_STORE", "memory://"),
+                         state_store=args.state_store or os.environ.get(ENV_STATE_STORE, "memory://"),
                          ray_address=args.ray_address)
     stop = threading.Event()
 
@@ -254,7 +247,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mship", description="Serve many models behind one OpenAI endpoint.")
-    p.add_argument("--coordinator", default=os.environ.get("MSHIP_COORDINATOR", DEFAULT_COORDINATOR))
+    p.add_argument("--coordinator", default=os.environ.get(ENV_COORDINATOR, DEFAULT_COORDINATOR))
     sub = p.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="start the platform here and stay in the foreground")
     _model_flags(start)
@@ -286,7 +279,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     handlers = {"start": cmd_start, "deploy": cmd_deploy, "models": cmd_models,
                 "status": lambda a: cmd_models(a, verbose=True), "stop": cmd_stop}
-    sys.exit(handlers[args.command](args))
+    try:
+        code = handlers[args.command](args)
+    except ConfigError as e:  # raised before anything was started or sent
+        print(f"mship: {e}", file=sys.stderr)
+        code = EXIT_BAD_CONFIG
+    sys.exit(code)
 
 
 if __name__ == "__main__":

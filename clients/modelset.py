@@ -3,7 +3,7 @@
 models:
   - name: chat                    # the OpenAI `model` id
     model: builtin:gemma-3-270m   # builtin:NAME, a Hugging Face id or a local path
-    loader: vllm                  # vllm | llama_cpp
+    loader: vllm                  # vllm (llama_cpp: not implemented yet)
     usecase: generate             # generate | embed
     num_cpus: 0.5
     num_gpus: 0
@@ -25,10 +25,8 @@ import yaml
 from google.protobuf import struct_pb2
 
 from mship.common.v1 import common_pb2
-from services.worker.parsers import REASONING_PARSERS, TOOL_PARSERS
+from services.common.vocabulary import LOADERS, REASONING_PARSERS, TOOL_PARSERS, USECASES, loader_not_implemented
 
-LOADERS = {"vllm": common_pb2.LOADER_VLLM, "llama_cpp": common_pb2.LOADER_LLAMA_CPP}
-USECASES = {"generate": common_pb2.USECASE_GENERATE, "embed": common_pb2.USECASE_EMBED}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 AUTOSCALING_KEYS = {"min_replicas": int, "max_replicas": int, "target_ongoing_requests": float,
                     "upscale_delay_s": float, "downscale_delay_s": float}
@@ -90,6 +88,8 @@ def parse_model(entry: Any, source: str, where: str) -> common_pb2.ModelSpec:
                           "use letters, digits and . _ : - (at most 64 characters)")
     spec.name, spec.model = entry["name"], entry["model"]
     spec.loader = _choice(entry, "loader", LOADERS, "vllm", source, where)
+    if (why := loader_not_implemented(entry.get("loader", "vllm"))) is not None:
+        raise ConfigError(source, f"{where}.loader", why, "set `loader: vllm`")
     spec.usecase = _choice(entry, "usecase", USECASES, "generate", source, where)
     spec.num_cpus = _number(entry, "num_cpus", float, 0.0, source, where)
     spec.num_gpus = _number(entry, "num_gpus", float, 0.0, source, where)

@@ -36,26 +36,23 @@ def _streaming(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., Asy
     return wrapper
 
 
+# (handler attribute, its handler factory, the wrapper for its behavior)
+_KINDS = (("unary_unary", grpc.unary_unary_rpc_method_handler, _unary),
+          ("unary_stream", grpc.unary_stream_rpc_method_handler, _streaming),
+          ("stream_unary", grpc.stream_unary_rpc_method_handler, _unary),
+          ("stream_stream", grpc.stream_stream_rpc_method_handler, _streaming))
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Turns `ServiceError` raised by any handler (unary or streaming) into its gRPC status."""
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = await continuation(details)
-        if handler is None:
-            return None
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                _unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer)
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                _streaming(handler.unary_stream), handler.request_deserializer, handler.response_serializer)
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                _unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer)
-        if handler.stream_stream:
-            return grpc.stream_stream_rpc_method_handler(
-                _streaming(handler.stream_stream), handler.request_deserializer, handler.response_serializer)
+        for attr, make_handler, wrap in _KINDS if handler is not None else ():
+            behavior = getattr(handler, attr)
+            if behavior is not None:
+                return make_handler(wrap(behavior), handler.request_deserializer, handler.response_serializer)
         return handler
 
 

@@ -13,9 +13,6 @@ from dataclasses import dataclass, field
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
-TOOL_PARSERS = ("hermes", "none")
-REASONING_PARSERS = ("think", "none")
-
 
 @dataclass
 class ParsedToolCall:

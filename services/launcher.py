@@ -1,15 +1,21 @@
 """`mship start`: an embedded single-node Ray head with Serve and the platform's services.
 
+It composes the services into one platform, so it lives with them; the CLI (a client) only calls
+`start_platform` / `stop_platform`.
+
 state (gRPC) -> coordinator (gRPC, deploys model apps) -> gateway (HTTP, N replicas on one
 SO_REUSEPORT port). Serve runs without its own proxies: every service serves its own port.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import os
 from dataclasses import dataclass
+
+from services.common.vocabulary import ENV_COMPACTION_KEY, PLATFORM_ENV
 
 log = logging.getLogger(__name__)
 NAMESPACE = "mship"
@@ -58,16 +64,14 @@ def start_platform(cfg: PlatformConfig) -> None:
     from ray import serve
 
     from services.coordinator.deployment import CoordinatorDeployment
-    from services.gateway.conversation import COMPACTION_KEY_ENV, CompactionCodec
     from services.gateway.deployment import GatewayDeployment
     from services.state.deployment import StateDeployment
 
     # Compaction items must open on every gateway replica: one key for the cluster (set it to keep
     # compacted chains valid across restarts).
-    os.environ.setdefault(COMPACTION_KEY_ENV, CompactionCodec.new_key())
+    os.environ.setdefault(ENV_COMPACTION_KEY, base64.b64encode(os.urandom(32)).decode())
     env_vars = {k: os.environ[k] for k in (*RAY_ENV, *ENGINE_ENV, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-                                            "MSHIP_CACHE_DIR", "MSHIP_REDIS_PASSWORD", "VLLM_CPU_KVCACHE_SPACE",
-                                            "MSHIP_TRUST_IDENTITY_HEADER", COMPACTION_KEY_ENV)
+                                            "VLLM_CPU_KVCACHE_SPACE", *PLATFORM_ENV)
                 if k in os.environ}
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, namespace=NAMESPACE, log_to_driver=False,

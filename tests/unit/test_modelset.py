@@ -1,0 +1,50 @@
+"""models.yaml and `--model` flags: validated before anything is sent, errors name file, key and fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clients.modelset import ConfigError, load_model_set
+from mship.common.v1 import common_pb2
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "models.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_valid_model_set_parses(tmp_path):
+    (spec,) = load_model_set(write(tmp_path, "models:\n  - name: chat\n    model: builtin:tiny-qwen2\n"
+                                              "    num_replicas: 2\n    tool_parser: hermes\n"))
+    assert (spec.name, spec.loader, spec.num_replicas, spec.tool_parser) == ("chat", common_pb2.LOADER_VLLM, 2,
+                                                                            "hermes")
+
+
+@pytest.mark.parametrize(("entry", "key", "words"), [
+    ("    loader: llama_cpp\n", "models[0].loader", "not implemented yet"),
+    ("    loader: onnx\n", "models[0].loader", "unknown loader 'onnx'"),
+    ("    tool_parser: json\n", "models[0].tool_parser", "unknown tool_parser 'json'"),
+    ("    replicas: 2\n", "models[0].replicas", "unknown key"),
+])
+def test_a_bad_entry_names_the_key_and_the_fix(tmp_path, entry, key, words):
+    path = write(tmp_path, "models:\n  - name: chat\n    model: builtin:tiny-qwen2\n" + entry)
+    with pytest.raises(ConfigError) as e:
+        load_model_set(path)
+    assert e.value.key == key and words in e.value.problem and e.value.fix
+    assert str(path) in str(e.value)
+
+
+def test_the_cli_refuses_an_unimplemented_loader_before_calling_anyone():
+    # 127.0.0.1:1 is never a coordinator: a config error must exit 2 before any call (3 = unreachable)
+    out = subprocess.run([sys.executable, "-m", "clients.cli", "--coordinator", "127.0.0.1:1", "deploy",
+                          "--model", "builtin:tiny-qwen2", "--loader", "llama_cpp"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "--model.loader" in out.stderr and "not implemented yet" in out.stderr and "Fix:" in out.stderr
