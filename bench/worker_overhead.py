@@ -29,8 +29,8 @@ from bench.report import pct, write_json  # noqa: E402
 from mship.worker.v1 import worker_pb2 as pb  # noqa: E402
 from mship.worker.v1 import worker_pb2_grpc  # noqa: E402
 from services.worker.builtin import resolve_model_ref  # noqa: E402
-from services.worker.process import WorkerProcess  # noqa: E402
 from services.worker.vllm_engine import engine_args_for, set_engine_env  # noqa: E402
+from tests.worker_process import WorkerProcess  # noqa: E402
 
 PROMPT = "Tell me a story."
 MAX_NUM_SEQS = 16

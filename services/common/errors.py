@@ -1,7 +1,8 @@
 """Rich gRPC errors: a status code plus google.rpc details (ErrorInfo, BadRequest, RetryInfo).
 
-Services raise `ServiceError`; servicers turn it into a call status with `abort_with`; clients
-read it back with `ErrorDetails.from_rpc_error`. One place, so every hop speaks the same errors.
+Services raise `ServiceError`; the server's `ErrorInterceptor` (services/common/interceptors.py)
+turns it into the call's status; clients read it back with `ErrorDetails.from_rpc_error`. One
+place each way, so every hop speaks the same errors.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def _pack(msg) -> any_pb2.Any:
 
 
 async def abort_with(context: grpc.aio.ServicerContext, err: ServiceError) -> None:
-    """End the call with `err` as its status (raises, like context.abort)."""
+    """End the call with `err` as its status (raises, like context.abort). Deprecated: raise the
+    error and let the ErrorInterceptor map it; this goes once its last caller has."""
     await context.abort_with_status(err.to_status())
 
 

@@ -1,6 +1,6 @@
-"""One Infer call to a worker replica: pick the least loaded endpoint, retry another one before
-the first token, cancel the call to abort the engine request. Shared by the gateway and the
-Python client."""
+"""One Infer call to a worker replica: try the endpoints in the route table's order (least loaded
+first), retry another one before the first token, cancel the call to abort the engine request.
+Shared by the gateway and the Python client."""
 
 from __future__ import annotations
 
@@ -23,13 +23,26 @@ class UpstreamError(Exception):
 
 
 class InferStream:
-    """An open Infer call whose first event has arrived. Iterate it; `close()` cancels it."""
+    """An Infer call on one endpoint. It counts in `endpoint.outstanding` from the moment it is made
+    until `close()`, which takes the count back exactly once and cancels the call (a no-op once it
+    has ended; otherwise the engine aborts the request). Iterate it once its first event arrived."""
 
-    def __init__(self, endpoint: Endpoint, call: grpc.aio.UnaryStreamCall, first: pb.InferEvent) -> None:
-        self.endpoint, self._call, self._first = endpoint, call, first
+    def __init__(self, endpoint: Endpoint, call: grpc.aio.UnaryStreamCall) -> None:
+        self.endpoint, self._call = endpoint, call
+        self._first: pb.InferEvent | None = None
         self._closed = False
+        endpoint.outstanding += 1
+
+    async def _read_first(self) -> bool:
+        """Wait for the first event; False when the worker ended the stream without one."""
+        first = await self._call.read()
+        if first is grpc.aio.EOF:
+            return False
+        self._first = first
+        return True
 
     async def __aiter__(self) -> AsyncIterator[pb.InferEvent]:
+        assert self._first is not None, "open the stream with open_infer"
         yield self._first
         while True:
             try:
@@ -43,39 +56,36 @@ class InferStream:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._call.cancel()  # a no-op once the call has ended; otherwise the engine aborts
+            self._call.cancel()
             self.endpoint.outstanding -= 1
 
 
 async def open_infer(table: RouteTable, model: str, request: pb.InferRequest,
                      timeout_s: float | None = None) -> InferStream:
-    """Start the call on the least loaded endpoint and wait for its first event."""
+    """Start the call on the best endpoint and wait for its first event. Every stream that does not
+    come back to the caller is closed here, whatever ends it (an error, a cancellation)."""
     last: ErrorDetails | None = None
     for endpoint in table.candidates(model):
-        endpoint.outstanding += 1
         try:
             call = endpoint.stub.Infer(request, timeout=timeout_s)
         except grpc.aio.UsageError:  # its channel was just closed by a new snapshot: try another
-            endpoint.outstanding -= 1
             continue
+        stream = InferStream(endpoint, call)
         try:
-            first = await call.read()
-        except grpc.aio.AioRpcError as e:
-            endpoint.outstanding -= 1
+            if await stream._read_first():
+                return stream
+        except BaseException as e:
+            stream.close()  # cancelled while waiting (client gone): this cancels the engine work too
+            if not isinstance(e, grpc.aio.AioRpcError):
+                raise
             last = ErrorDetails.from_rpc_error(e)
-            if e.code() in RETRY_ELSEWHERE:
-                if e.code() == grpc.StatusCode.UNAVAILABLE:  # unreachable; a busy replica stays in rotation
-                    table.mark_bad(endpoint)
-                continue
-            raise UpstreamError(last) from e
-        except BaseException:  # cancelled while waiting (client gone): cancel the engine work too
-            endpoint.outstanding -= 1
-            call.cancel()
-            raise
-        if first is grpc.aio.EOF:
-            endpoint.outstanding -= 1
-            last = ErrorDetails(grpc.StatusCode.INTERNAL, "the worker ended the stream without an event")
-            break
-        return InferStream(endpoint, call, first)
+            if e.code() not in RETRY_ELSEWHERE:
+                raise UpstreamError(last) from e
+            if e.code() == grpc.StatusCode.UNAVAILABLE:  # unreachable; a busy replica stays in rotation
+                table.mark_bad(endpoint)
+            continue
+        stream.close()
+        last = ErrorDetails(grpc.StatusCode.INTERNAL, "the worker ended the stream without an event")
+        break
     raise UpstreamError(last or ErrorDetails(grpc.StatusCode.UNAVAILABLE, f"no live replica of {model!r}",
                                              reason="NOT_READY", retry_after_s=1.0))

@@ -1,9 +1,10 @@
-"""A subscriber's view of the routing table (gateway, Python client), and the replica picker.
+"""A subscriber's view of the routing table (gateway, Python client).
 
 A watcher task keeps a WatchRouting stream open (reconnecting with jittered backoff and its last
 version, keeping the last snapshot meanwhile: a coordinator restart never blanks the routes).
-Replica choice: least outstanding requests over the model's endpoints, counting this subscriber's
-own in-flight calls; an endpoint that failed to connect is skipped until the next snapshot.
+The table keeps one channel per worker endpoint and remembers endpoints that failed to connect
+until the next snapshot; which endpoint a call tries first is its `ReplicaPicker`'s choice
+(services/common/picker.py; least outstanding requests by default).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import grpc
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.coordinator.v1 import coordinator_pb2_grpc
 from mship.worker.v1 import worker_pb2_grpc
+from services.common.picker import LeastOutstanding, ReplicaPicker
 
 log = logging.getLogger(__name__)
 CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 20_000), ("grpc.max_receive_message_length", 64 * 2**20)]
@@ -45,7 +47,8 @@ class Route:
 class RouteTable:
     """Routes from the latest snapshot, with one channel per worker endpoint (reused across snapshots)."""
 
-    def __init__(self) -> None:
+    def __init__(self, picker: ReplicaPicker | None = None) -> None:
+        self.picker: ReplicaPicker = picker or LeastOutstanding()
         self.version = 0
         self.routes: dict[str, Route] = {}
         self.pending: list[str] = []
@@ -74,15 +77,14 @@ class RouteTable:
         self.received.set()
 
     def candidates(self, model: str) -> list[Endpoint]:
-        """Endpoints of `model`, best first: least outstanding, ties broken at random."""
+        """Endpoints of `model`, best first, in the picker's order."""
         route = self.routes.get(model)
         if route is None:
             return []
-        endpoints = [e for e in route.endpoints if e.address not in self._bad] or list(route.endpoints)
-        random.shuffle(endpoints)
-        return sorted(endpoints, key=lambda e: e.outstanding)
+        return self.picker.order(route.endpoints, self._bad)
 
     def mark_bad(self, endpoint: Endpoint) -> None:
+        """`endpoint` could not be reached: pickers skip it until the next snapshot."""
         self._bad.add(endpoint.address)
 
     async def close(self) -> None:

@@ -1,7 +1,8 @@
 """A small async client of the state service for the other services.
 
 The Responses helpers raise `StateError` subclasses (NotFound, Conflict, Unavailable); each
-carries the call's ErrorDetails, so the gateway maps it like any gRPC error (services.gateway.errors.from_grpc).
+carries the call's ErrorDetails, so the gateway maps it like any gRPC error
+(services.gateway.edge.upstream.from_grpc).
 The model-set helpers keep raising grpc.aio.AioRpcError, as before.
 
 How the gateway drives a background run (see state.proto):

@@ -1,18 +1,22 @@
 """`memory://`: the embedded single-process backend (lost with the process).
 
 Atomicity comes from the event loop: every transaction reads, applies its rule and writes with no
-`await` in between, and computes everything it writes before the first assignment. Followers wait
-on one asyncio.Condition per run, notified on every change to it.
+`await` in between, and computes everything it writes before the first assignment. Each run's
+replay log is an `EventLog`: followers wake on its appends, it is closed when the run finishes and
+failed (NOT_FOUND) when the response is deleted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
 from mship.state.v1 import state_pb2 as pb
+from services.common.errors import ServiceError
+from services.common.event_log import EventLog
 from services.state import runs
-from services.state.store import Mutation, Store, snapshot_bytes
+from services.state.store import EVENT_BATCH, Mutation, Store, snapshot_bytes
 
 Key = tuple[str, str]
 
@@ -24,8 +28,7 @@ class MemoryStore(Store):
         # Serialized, like Redis: callers never share a message with the store.
         self._responses: dict[Key, bytes] = {}
         self._runs: dict[Key, bytes] = {}
-        self._events: dict[Key, list[pb.RunEvent]] = {}
-        self._changed: dict[Key, asyncio.Condition] = {}
+        self._logs: dict[Key, EventLog[pb.RunEvent]] = {}
 
     # ---- blobs ----
     async def get(self, key: str) -> bytes | None:
@@ -48,8 +51,9 @@ class MemoryStore(Store):
         key = (identity, response_id)
         existed = self._responses.pop(key, None) is not None
         existed = self._runs.pop(key, None) is not None or existed
-        self._events.pop(key, None)
-        await self._notify(key, forget=True)  # followers end with NOT_FOUND
+        log = self._logs.pop(key, None)
+        if log is not None:
+            log.fail(runs.not_found(identity, response_id))  # wakes its followers: they end NOT_FOUND
         return existed
 
     async def _load(self, identity: str, response_id: str) -> tuple[pb.StoredResponse | None, pb.StoredRun | None]:
@@ -67,7 +71,7 @@ class MemoryStore(Store):
         if key in self._responses or key in self._runs:
             raise runs.already_exists(response_id)
         run_bytes = run.SerializeToString()
-        self._responses[key], self._runs[key], self._events[key] = response, run_bytes, []
+        self._responses[key], self._runs[key], self._logs[key] = response, run_bytes, EventLog()
 
     async def _update_run(self, identity: str, response_id: str, mutate: Mutation) -> pb.RunStatusRecord:
         key = (identity, response_id)
@@ -78,12 +82,12 @@ class MemoryStore(Store):
         if write is None:
             return stored.record
         run_bytes = write.run.SerializeToString()
-        # Commit: plain assignments, no await, nothing left that can fail halfway.
+        # Commit, with no await: followers see it all at once. The log first: it refuses a write
+        # to a finished run (the rules never make one) before anything else is written.
+        self._logs[key].append(*write.events, close=write.run.record.status in runs.FINISHED)
         if write.response is not None:
             self._responses[key] = write.response
-        self._events.setdefault(key, []).extend(write.events)
         self._runs[key] = run_bytes
-        await self._notify(key, forget=write.run.record.status in runs.FINISHED)
         return write.run.record
 
     async def _expired_candidates(self, now: float, limit: int) -> list[tuple[str, str]]:
@@ -92,28 +96,17 @@ class MemoryStore(Store):
 
     # ---- events ----
     async def _events_after(self, identity: str, response_id: str, after: int, limit: int) -> list[pb.RunEvent]:
+        log = self._logs.get((identity, response_id))
         # Sequences run 1, 2, 3... so event n sits at index n - 1.
-        return self._events.get((identity, response_id), [])[after:after + limit]
+        return log.events[after:after + limit] if log is not None else []
 
     async def _wait_events(self, identity: str, response_id: str, after: int, timeout_s: float) -> list[pb.RunEvent]:
-        key = (identity, response_id)
-        changed = self._changed.setdefault(key, asyncio.Condition())
-        async with changed:
-            # Checked under the condition's lock with no await before wait(): no lost wake-up.
-            if len(self._events.get(key, [])) <= after:
-                try:
-                    await asyncio.wait_for(changed.wait(), timeout_s)
-                except TimeoutError:
-                    pass
-        if key not in self._runs:
-            self._changed.pop(key, None)  # deleted (or never there): nobody will notify it
-        return await self._events_after(identity, response_id, after, 256)
-
-    async def _notify(self, key: Key, forget: bool) -> None:
-        # `forget` once nothing will change again (finished, deleted): the followers waiting now
-        # are woken, later ones see the run finished or gone (at worst after one poll), so the
-        # condition can go.
-        changed = self._changed.pop(key, None) if forget else self._changed.get(key)
-        if changed is not None:
-            async with changed:
-                changed.notify_all()
+        log = self._logs.get((identity, response_id))
+        if log is None:
+            return []  # deleted (or never there): the caller re-checks the run
+        # Wake on the first event after `after`, the log's end (finished) or its failure (deleted).
+        with contextlib.suppress(TimeoutError, ServiceError):
+            async with asyncio.timeout(timeout_s), contextlib.aclosing(log.follow(after)) as events:
+                async for _ in events:
+                    break
+        return log.events[after:after + EVENT_BATCH]

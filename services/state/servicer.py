@@ -1,20 +1,23 @@
 """The `mship.state.v1.State` servicer over a Store backend: request validation (INVALID_ARGUMENT
 with field violations), then one store call; store errors travel as they are (NOT_FOUND,
-ALREADY_EXISTS/ABORTED with CONFLICT, UNAVAILABLE/STORE_UNAVAILABLE)."""
+ALREADY_EXISTS/ABORTED with CONFLICT, UNAVAILABLE/STORE_UNAVAILABLE). Handlers only raise
+`ServiceError`; the server's `ErrorInterceptor` turns it into the call's status."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import TypeVar
 
 import grpc
 
 from mship.state.v1 import state_pb2 as pb
 from mship.state.v1 import state_pb2_grpc
-from services.common.errors import Reason, ServiceError, abort_with
+from services.common.errors import Reason, ServiceError
 from services.state import runs
 from services.state.store import Store
 
+T = TypeVar("T")
 MAX_KEY_PART = 512  # bytes of an identity or id: keys stay small
 DEFAULT_PAGE, MAX_PAGE = 20, 100
 DEFAULT_EXPIRE_LIMIT = 100
@@ -66,6 +69,13 @@ def _expected_violations(expected: list[int]) -> list[tuple[str, str]]:
     return [(f"expected[{i}]", "not a run status") for i, s in enumerate(expected) if s not in valid]
 
 
+def _found(value: T | None, identity: str, response_id: str) -> T:
+    """`value`, or NOT_FOUND (the same answer for another identity's id as for no id at all)."""
+    if value is None:
+        raise runs.not_found(identity, response_id)
+    return value
+
+
 def page_items(items: list[pb.InputItem], limit: int, order: int, after: str) -> pb.ListInputItemsResponse:
     """One page of input items, the way the API pages lists (`after` is exclusive)."""
     ordered = list(reversed(items)) if order != pb.LIST_ORDER_ASC else list(items)
@@ -86,119 +96,76 @@ class StateServicer(state_pb2_grpc.StateServicer):
 
     # ---- stored responses ----
     async def PutResponse(self, request: pb.PutResponseRequest, context) -> pb.PutResponseResponse:
-        try:
-            _bad(_snapshot_violations(request.response, "response"))
-            await self.store.put_response(request.response, create_only=request.create_only)
-        except ServiceError as e:
-            await abort_with(context, e)
+        _bad(_snapshot_violations(request.response, "response"))
+        await self.store.put_response(request.response, create_only=request.create_only)
         return pb.PutResponseResponse()
 
     async def GetResponse(self, request: pb.GetResponseRequest, context) -> pb.StoredResponse:
-        try:
-            identity, response_id = _key(request.key)
-            response = await self.store.get_response(identity, response_id)
-            if response is None:
-                raise runs.not_found(identity, response_id)
-        except ServiceError as e:
-            await abort_with(context, e)
-        return response
+        identity, response_id = _key(request.key)
+        return _found(await self.store.get_response(identity, response_id), identity, response_id)
 
     async def DeleteResponse(self, request: pb.DeleteResponseRequest, context) -> pb.DeleteResponseResponse:
-        try:
-            deleted = await self.store.delete_response(*_key(request.key))
-        except ServiceError as e:
-            await abort_with(context, e)
+        deleted = await self.store.delete_response(*_key(request.key))
         return pb.DeleteResponseResponse(deleted=deleted)
 
     async def ListInputItems(self, request: pb.ListInputItemsRequest, context) -> pb.ListInputItemsResponse:
-        try:
-            violations = _key_violations(request.key, "key")
-            if request.limit > MAX_PAGE:
-                violations.append(("limit", f"must be between 1 and {MAX_PAGE}"))
-            if request.order not in pb.ListOrder.values():
-                violations.append(("order", "must be asc or desc"))
-            _bad(violations)
-            identity, response_id = request.key.identity, request.key.response_id
-            response = await self.store.get_response(identity, response_id)
-            if response is None:
-                raise runs.not_found(identity, response_id)
-            page = page_items(list(response.input_items), request.limit or DEFAULT_PAGE, request.order,
-                              request.after)
-        except ServiceError as e:
-            await abort_with(context, e)
-        return page
+        violations = _key_violations(request.key, "key")
+        if request.limit > MAX_PAGE:
+            violations.append(("limit", f"must be between 1 and {MAX_PAGE}"))
+        if request.order not in pb.ListOrder.values():
+            violations.append(("order", "must be asc or desc"))
+        _bad(violations)
+        identity, response_id = request.key.identity, request.key.response_id
+        response = _found(await self.store.get_response(identity, response_id), identity, response_id)
+        return page_items(list(response.input_items), request.limit or DEFAULT_PAGE, request.order,
+                          request.after)
 
     # ---- runs ----
     async def CreateRun(self, request: pb.CreateRunRequest, context) -> pb.RunStatusRecord:
-        try:
-            violations = _snapshot_violations(request.response, "response")
-            violations += _status_violations(request.status or pb.RUN_STATUS_QUEUED, "status", runs.ACTIVE)
-            violations += self._lease_violations(request.owner, request.lease_s, required=False)
-            _bad(violations)
-            record = await self.store.create_run(request.response, request.status or pb.RUN_STATUS_QUEUED,
-                                                 request.owner, request.lease_s, request.failure_event_json)
-        except ServiceError as e:
-            await abort_with(context, e)
-        return record
+        violations = _snapshot_violations(request.response, "response")
+        violations += _status_violations(request.status or pb.RUN_STATUS_QUEUED, "status", runs.ACTIVE)
+        violations += self._lease_violations(request.owner, request.lease_s, required=False)
+        _bad(violations)
+        return await self.store.create_run(request.response, request.status or pb.RUN_STATUS_QUEUED,
+                                           request.owner, request.lease_s, request.failure_event_json)
 
     async def SetRunStatus(self, request: pb.SetRunStatusRequest, context) -> pb.RunStatusRecord:
-        try:
-            violations = _key_violations(request.key, "key")
-            violations += _status_violations(request.status, "status", runs.ACTIVE | runs.FINISHED)
-            violations += _expected_violations(list(request.expected))
-            if request.lease_s < 0:
-                violations.append(("lease_s", "must not be negative"))
-            _bad(violations)
-            record = await self.store.set_run_status(request.key.identity, request.key.response_id, request.status,
-                                                     request.expected, request.owner, request.lease_s)
-        except ServiceError as e:
-            await abort_with(context, e)
-        return record
+        violations = _key_violations(request.key, "key")
+        violations += _status_violations(request.status, "status", runs.ACTIVE | runs.FINISHED)
+        violations += _expected_violations(list(request.expected))
+        if request.lease_s < 0:
+            violations.append(("lease_s", "must not be negative"))
+        _bad(violations)
+        return await self.store.set_run_status(request.key.identity, request.key.response_id, request.status,
+                                               request.expected, request.owner, request.lease_s)
 
     async def GetRunStatus(self, request: pb.GetRunStatusRequest, context) -> pb.RunStatusRecord:
-        try:
-            identity, response_id = _key(request.key)
-            record = await self.store.get_run(identity, response_id)
-            if record is None:
-                raise runs.not_found(identity, response_id)
-        except ServiceError as e:
-            await abort_with(context, e)
-        return record
+        identity, response_id = _key(request.key)
+        return _found(await self.store.get_run(identity, response_id), identity, response_id)
 
     async def RenewRun(self, request: pb.RenewRunRequest, context) -> pb.RunStatusRecord:
-        try:
-            _bad(_key_violations(request.key, "key") + self._lease_violations(request.owner, request.lease_s,
-                                                                               required=True))
-            record = await self.store.renew_run(request.key.identity, request.key.response_id, request.owner,
-                                                request.lease_s)
-        except ServiceError as e:
-            await abort_with(context, e)
-        return record
+        _bad(_key_violations(request.key, "key") + self._lease_violations(request.owner, request.lease_s,
+                                                                           required=True))
+        return await self.store.renew_run(request.key.identity, request.key.response_id, request.owner,
+                                          request.lease_s)
 
     async def FinishRun(self, request: pb.FinishRunRequest, context) -> pb.RunStatusRecord:
-        try:
-            violations = _key_violations(request.key, "key")
-            violations += _status_violations(request.status, "status", runs.FINISHED)
-            violations += _expected_violations(list(request.expected))
-            violations += runs.validate_events(request.events, "events", allow_terminal=True)
-            response = None
-            if request.HasField("response"):
-                response = pb.StoredResponse()
-                response.CopyFrom(request.response)
-                response.key.CopyFrom(request.key)  # the snapshot is the run's, whatever it says
-                violations += _snapshot_violations(response, "response")
-            _bad(violations)
-            record = await self.store.finish_run(request.key.identity, request.key.response_id, request.status,
-                                                 request.expected, request.owner, response, request.events)
-        except ServiceError as e:
-            await abort_with(context, e)
-        return record
+        violations = _key_violations(request.key, "key")
+        violations += _status_violations(request.status, "status", runs.FINISHED)
+        violations += _expected_violations(list(request.expected))
+        violations += runs.validate_events(request.events, "events", allow_terminal=True)
+        response = None
+        if request.HasField("response"):
+            response = pb.StoredResponse()
+            response.CopyFrom(request.response)
+            response.key.CopyFrom(request.key)  # the snapshot is the run's, whatever it says
+            violations += _snapshot_violations(response, "response")
+        _bad(violations)
+        return await self.store.finish_run(request.key.identity, request.key.response_id, request.status,
+                                           request.expected, request.owner, response, request.events)
 
     async def ExpireRuns(self, request: pb.ExpireRunsRequest, context) -> pb.ExpireRunsResponse:
-        try:
-            failed = await self.store.expire_runs(request.limit or DEFAULT_EXPIRE_LIMIT)
-        except ServiceError as e:
-            await abort_with(context, e)
+        failed = await self.store.expire_runs(request.limit or DEFAULT_EXPIRE_LIMIT)
         return pb.ExpireRunsResponse(failed=failed)
 
     @staticmethod
@@ -212,41 +179,29 @@ class StateServicer(state_pb2_grpc.StateServicer):
 
     # ---- event logs ----
     async def AppendEvents(self, request: pb.AppendEventsRequest, context) -> pb.AppendEventsResponse:
-        try:
-            violations = _key_violations(request.key, "key")
-            if not request.events:
-                violations.append(("events", "at least one event"))
-            violations += runs.validate_events(request.events, "events", allow_terminal=False)
-            _bad(violations)
-            last = await self.store.append_events(request.key.identity, request.key.response_id, request.events,
-                                                  request.owner)
-        except ServiceError as e:
-            await abort_with(context, e)
+        violations = _key_violations(request.key, "key")
+        if not request.events:
+            violations.append(("events", "at least one event"))
+        violations += runs.validate_events(request.events, "events", allow_terminal=False)
+        _bad(violations)
+        last = await self.store.append_events(request.key.identity, request.key.response_id, request.events,
+                                              request.owner)
         return pb.AppendEventsResponse(last_sequence=last)
 
     async def ReadEvents(self, request: pb.ReadEventsRequest, context) -> AsyncIterator[pb.RunEvent]:
-        try:
-            identity, response_id = _key(request.key)
-            async for event in self.store.read_events(identity, response_id, request.after_sequence,
-                                                      request.follow):
-                yield event
-        except ServiceError as e:
-            await abort_with(context, e)
+        identity, response_id = _key(request.key)
+        async for event in self.store.read_events(identity, response_id, request.after_sequence,
+                                                  request.follow):
+            yield event
 
     # ---- committed model sets ----
     async def PutModelSet(self, request: pb.PutModelSetRequest, context) -> pb.PutModelSetResponse:
         model_set = pb.ModelSet()
         model_set.CopyFrom(request.model_set)
         model_set.committed_at = model_set.committed_at or time.time()
-        try:
-            await self.store.put(f"modelsets/{model_set.gateway or 'default'}", model_set.SerializeToString())
-        except ServiceError as e:
-            await abort_with(context, e)
+        await self.store.put(f"modelsets/{model_set.gateway or 'default'}", model_set.SerializeToString())
         return pb.PutModelSetResponse()
 
     async def GetModelSet(self, request: pb.GetModelSetRequest, context) -> pb.ModelSet:
-        try:
-            data = await self.store.get(f"modelsets/{request.gateway or 'default'}")
-        except ServiceError as e:
-            await abort_with(context, e)
+        data = await self.store.get(f"modelsets/{request.gateway or 'default'}")
         return pb.ModelSet.FromString(data) if data else pb.ModelSet(gateway=request.gateway)

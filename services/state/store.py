@@ -1,6 +1,7 @@
-"""State backends behind one interface: `memory://` (embedded default) and `redis://host:port/db`.
+"""The state store's interface and the logic every backend shares. The backends (`memory://`,
+`redis://host:port/db`) live in their own modules; `services.state.backends.open_store` picks one
+by URL, so this module imports none of them.
 
-The Redis password comes from MSHIP_REDIS_PASSWORD, never from the URL that is passed around.
 Values are serialized protobuf messages; keys are namespaced under `mship:` and every response,
 run and event-log key holds the identity, so another identity's id is simply not found.
 
@@ -15,7 +16,7 @@ import abc
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import quote, unquote, urlparse
+from urllib.parse import quote, unquote
 
 import grpc
 
@@ -215,46 +216,33 @@ class Store(abc.ABC):
             raise runs.not_found(identity, response_id)
         while True:
             batch = await self._events_after(identity, response_id, after, EVENT_BATCH)
+            caught_up = len(batch) < EVENT_BATCH
+            if caught_up and not batch and follow and run.status not in runs.FINISHED:
+                batch = await self._wait_events(identity, response_id, after, self._wait_s(run))
+                if not batch:
+                    # Nothing came: finished without a terminal event, deleted, or the lease ran out
+                    # (get_run marks it FAILED and writes the failure event, read on the next drain).
+                    run = await self.get_run(identity, response_id)
+                    if run is None:
+                        raise runs.not_found(identity, response_id)
+                    continue
             for event in batch:
                 yield event
                 after = event.sequence
                 if event.terminal:
                     return
-            if len(batch) == EVENT_BATCH:
-                continue
             # Caught up. `run` was read before this drain, so if it was finished then, its events
             # were all written then (finishing writes them in the same transaction): done.
-            if not follow or run.status in runs.FINISHED:
+            if caught_up and (not follow or run.status in runs.FINISHED):
                 return
-            timeout = self.follow_poll_s
-            if run.owner_expires_at > 0:
-                timeout = min(timeout, max(0.01, run.owner_expires_at - self.clock() + 0.01))
-            batch = await self._wait_events(identity, response_id, after, timeout)
-            for event in batch:
-                yield event
-                after = event.sequence
-                if event.terminal:
-                    return
-            if not batch:
-                # Nothing came: finished without a terminal event, deleted, or the lease ran out
-                # (get_run marks it FAILED and writes the failure event, read on the next drain).
-                run = await self.get_run(identity, response_id)
-                if run is None:
-                    raise runs.not_found(identity, response_id)
+
+    def _wait_s(self, run: pb.RunStatusRecord) -> float:
+        """How long a caught-up follower waits before re-checking its run: the poll, or less when
+        the owner's lease ends sooner."""
+        if run.owner_expires_at > 0:
+            return min(self.follow_poll_s, max(0.01, run.owner_expires_at - self.clock() + 0.01))
+        return self.follow_poll_s
 
 
 def _with(stored: pb.StoredRun, record: pb.RunStatusRecord) -> pb.StoredRun:
     return pb.StoredRun(record=record, failure_event_json=stored.failure_event_json)
-
-
-def open_store(url: str, **kwargs) -> Store:
-    scheme = urlparse(url).scheme
-    if scheme == "memory":
-        from services.state.memory_store import MemoryStore
-        return MemoryStore(**kwargs)
-    if scheme == "redis":
-        if urlparse(url).password:
-            raise ValueError("put the Redis password in MSHIP_REDIS_PASSWORD, not in the URL")
-        from services.state.redis_store import RedisStore
-        return RedisStore(url, **kwargs)
-    raise ValueError(f"unknown state store {url!r}: use memory:// or redis://host:port/db")

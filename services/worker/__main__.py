@@ -11,9 +11,8 @@ import logging
 import signal
 
 from mship.common.v1 import common_pb2
+from services.common.vocabulary import LOADERS
 from services.worker.server import start_worker_server
-
-LOADERS = {"vllm": common_pb2.LOADER_VLLM, "llama_cpp": common_pb2.LOADER_LLAMA_CPP}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

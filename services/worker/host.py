@@ -2,7 +2,8 @@
 
 resolve the reference (build a builtin model on first use) -> start the engine -> warm it with a
 real forward pass -> READY. Health says SERVING only from READY on, and NOT_SERVING again when
-the engine dies. Progress is recorded so a late `Load` caller still sees the whole history.
+the engine dies. Progress is recorded in an EventLog, so a late `Load` caller still sees the whole
+history.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from grpc_health.v1 import health, health_pb2
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2
+from services.common.event_log import EventLog
 from services.worker.engine import Engine, RenderRequest
 from services.worker.sampling import Sampling
 
@@ -27,6 +29,7 @@ SERVICE_NAME = "mship.worker.v1.Worker"
 Phase = worker_pb2.LoadPhase
 # Held while the model loads and warms: in the platform, the coordinator's per-node load lease.
 LoadGate = Callable[[], AbstractAsyncContextManager[None]]
+SETTLED = (Phase.LOAD_PHASE_READY, Phase.LOAD_PHASE_FAILED)  # where a load's progress ends
 
 
 async def start_engine(spec: common_pb2.ModelSpec, model_path: str) -> Engine:
@@ -56,8 +59,7 @@ class ModelHost:
         self.spec: common_pb2.ModelSpec | None = None
         self.engine: Engine | None = None
         self.phase = Phase.LOAD_PHASE_UNSPECIFIED
-        self.history: list[worker_pb2.LoadProgress] = []
-        self._changed = asyncio.Condition()
+        self.history: EventLog[worker_pb2.LoadProgress] = EventLog()
         self._health = health_servicer
         self._t0 = time.monotonic()
         self._task: asyncio.Task | None = None
@@ -80,54 +82,48 @@ class ModelHost:
 
     def load_seconds(self) -> float:
         """From the start of the load proper (the gate passed) to READY; 0 before READY."""
-        at = {event.phase: event.at for event in self.history}
+        at = {event.phase: event.at for event in self.history.events}
         if Phase.LOAD_PHASE_READY not in at or Phase.LOAD_PHASE_RESOLVING not in at:
             return 0.0
         return at[Phase.LOAD_PHASE_READY] - at[Phase.LOAD_PHASE_RESOLVING]
 
     async def wait_ready(self) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.phase in (Phase.LOAD_PHASE_READY, Phase.LOAD_PHASE_FAILED))
+        async for _ in self.progress():
+            pass
         if self.phase == Phase.LOAD_PHASE_FAILED:
-            raise RuntimeError(self.history[-1].message)
+            raise RuntimeError(self.history.events[-1].message)
 
     async def progress(self) -> AsyncIterator[worker_pb2.LoadProgress]:
         """Every progress event so far, then new ones until READY or FAILED."""
-        seen = 0
-        while True:
-            async with self._changed:
-                await self._changed.wait_for(lambda n=seen: len(self.history) > n)
-                new = self.history[seen:]
-            seen += len(new)
-            for event in new:
-                yield event
-                if event.phase in (Phase.LOAD_PHASE_READY, Phase.LOAD_PHASE_FAILED):
-                    return
+        # The log stays open after READY (the engine may still die: FAILED), so stop at the first
+        # settled phase rather than at the log's end.
+        async for event in self.history.follow():
+            yield event
+            if event.phase in SETTLED:
+                return
 
-    async def _set(self, phase: int, message: str = "") -> None:
-        async with self._changed:
-            self.phase = phase
-            event = worker_pb2.LoadProgress(phase=phase, message=message, at=time.time(),
-                                            elapsed_s=time.monotonic() - self._t0,
-                                            max_model_len=self.engine.max_model_len if self.engine else 0)
-            self.history.append(event)
-            self._changed.notify_all()
+    def _set(self, phase: int, message: str = "") -> None:
+        self.phase = phase
+        event = worker_pb2.LoadProgress(phase=phase, message=message, at=time.time(),
+                                        elapsed_s=time.monotonic() - self._t0,
+                                        max_model_len=self.engine.max_model_len if self.engine else 0)
+        self.history.append(event)
         log.info("load %s: %s %s (%.1fs)", self.model_name, Phase.Name(phase), message, event.elapsed_s)
 
     async def _load(self, spec: common_pb2.ModelSpec, gate: LoadGate) -> None:
         try:
             async with gate():  # the memory spike of a load never overlaps another on this node
-                await self._set(Phase.LOAD_PHASE_RESOLVING, spec.model)
+                self._set(Phase.LOAD_PHASE_RESOLVING, spec.model)
                 path = await asyncio.to_thread(resolve_model, spec.model)
-                await self._set(Phase.LOAD_PHASE_LOADING, path)
+                self._set(Phase.LOAD_PHASE_LOADING, path)
                 self.engine = await start_engine(spec, path)
-                await self._set(Phase.LOAD_PHASE_WARMING)
+                self._set(Phase.LOAD_PHASE_WARMING)
                 await self._warm(self.engine)
-                await self._set(Phase.LOAD_PHASE_READY)
+                self._set(Phase.LOAD_PHASE_READY)
             await self._set_health(True)
         except Exception as e:  # reported through Load and health, never raised into the loop
             log.exception("loading %s failed", spec.model)
-            await self._set(Phase.LOAD_PHASE_FAILED, f"{type(e).__name__}: {e}")
+            self._set(Phase.LOAD_PHASE_FAILED, f"{type(e).__name__}: {e}")
 
     async def _warm(self, engine: Engine) -> None:
         """A real forward pass: readiness means the engine has produced a token."""
@@ -149,7 +145,7 @@ class ModelHost:
     async def check(self) -> bool:
         """Health probe: flips health to NOT_SERVING once the engine has died."""
         if self.engine is not None and self.engine.errored and self.phase == Phase.LOAD_PHASE_READY:
-            await self._set(Phase.LOAD_PHASE_FAILED, "engine died")
+            self._set(Phase.LOAD_PHASE_FAILED, "engine died")
             await self._set_health(False)
         return self.ready
 

@@ -9,6 +9,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2_grpc
+from services.common.interceptors import server_interceptors
 from services.worker.host import SERVICE_NAME, LoadGate, ModelHost
 from services.worker.servicer import WorkerServicer
 
@@ -18,6 +19,17 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+
+
+def worker_server(servicer: worker_pb2_grpc.WorkerServicer,
+                  health_servicer: health.aio.HealthServicer | None = None) -> grpc.aio.Server:
+    """A worker gRPC server (not bound, not started) with the platform's interceptors: the one
+    construction the process, the Serve replica and the tests share."""
+    server = grpc.aio.server(interceptors=server_interceptors(), options=SERVER_OPTIONS)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    if health_servicer is not None:
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    return server
 
 
 @dataclass
@@ -38,9 +50,7 @@ async def start_worker_server(spec: common_pb2.ModelSpec | None, host: str = "12
     health_servicer = health.aio.HealthServicer()
     model_host = ModelHost(health_servicer)
     servicer = WorkerServicer(model_host)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    server = worker_server(servicer, health_servicer)
     for service in ("", SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     bound = server.add_insecure_port(f"{host}:{port}")

@@ -2,7 +2,8 @@
 
 Everything that can be refused is refused before the engine sees the request. Cancelling the call
 (client hang-up, deadline) cancels this handler task, which aborts the engine request; `Cancel`
-aborts by id where no live stream exists.
+aborts by id where no live stream exists. Refusals are raised as `ServiceError`; the server's
+`ErrorInterceptor` turns them into the call's status.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import grpc
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2, worker_pb2_grpc
-from services.common.errors import Reason, ServiceError, abort_with, invalid_parameter
+from services.common.errors import Reason, ServiceError, invalid_parameter
 from services.worker.engine import ChoiceDelta, Engine, Prompt, RenderRequest
 from services.worker.host import ModelHost
 from services.worker.parsers import StreamParser
@@ -34,43 +35,35 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.host = host
         self.max_inflight = max_inflight
         self.inflight: set[str] = set()
-        self.cancelled: set[str] = set()
 
     # ---- Load --------------------------------------------------------------------------------
     async def Load(self, request: worker_pb2.LoadRequest, context) -> AsyncIterator[worker_pb2.LoadProgress]:
         spec = request.spec
         if not spec.name or not spec.model:
-            await abort_with(context, invalid_parameter("spec", "spec.name and spec.model are required"))
+            raise invalid_parameter("spec", "spec.name and spec.model are required")
         if self.host.spec is None:
             self.host.begin_load(spec)
         elif (self.host.spec.name, self.host.spec.model) != (spec.name, spec.model):
-            await abort_with(context, ServiceError(
+            raise ServiceError(
                 grpc.StatusCode.FAILED_PRECONDITION, Reason.INVALID_PARAMETER,
-                f"this worker serves {self.host.spec.name!r} ({self.host.spec.model}); start another worker"))
+                f"this worker serves {self.host.spec.name!r} ({self.host.spec.model}); start another worker")
         async for event in self.host.progress():
             yield event
 
     # ---- Infer -------------------------------------------------------------------------------
     async def Infer(self, request: worker_pb2.InferRequest, context) -> AsyncIterator[worker_pb2.InferEvent]:
-        try:
-            engine = self._engine_for(request.model)
-            sampling = sampling_from_request(request)
-            render, parse_tools = self._render_request(request)
-            prompt = await engine.render(render)
-            self._check_context(engine, prompt, sampling)
-            request_id = request.request_id or uuid.uuid4().hex
-            self._admit(request_id)
-        except ServiceError as e:
-            await abort_with(context, e)
-            return
+        engine = self._engine_for(request.model)
+        sampling = sampling_from_request(request)
+        render, parse_tools = self._render_request(request)
+        prompt = await engine.render(render)
+        self._check_context(engine, prompt, sampling)
+        request_id = request.request_id or uuid.uuid4().hex
+        self._admit(request_id)
         try:
             async for event in self._stream(engine, prompt, sampling, request, request_id, parse_tools):
                 yield event
-        except ServiceError as e:
-            await abort_with(context, e)
-        finally:
+        finally:  # admitted: released however the call ends (finished, refused, cancelled)
             self.inflight.discard(request_id)
-            self.cancelled.discard(request_id)
 
     async def _stream(self, engine: Engine, prompt: Prompt, sampling: Sampling, request: worker_pb2.InferRequest,
                       request_id: str, parse_tools: bool) -> AsyncIterator[worker_pb2.InferEvent]:
@@ -184,17 +177,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     # ---- Embed / Cancel / GetLoad ------------------------------------------------------------
     async def Embed(self, request: worker_pb2.EmbedRequest, context) -> worker_pb2.EmbedResponse:
-        try:
-            engine = self._engine_for(request.model)
-            if not engine.supports_embeddings:
-                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, Reason.UNSUPPORTED_INPUT,
-                                   f"model {request.model!r} does not serve embeddings")
-            if not request.inputs:
-                raise invalid_parameter("input", "input must not be empty")
-            dims = request.dimensions if request.HasField("dimensions") else None
-            vectors, tokens = await engine.embed(list(request.inputs), dims)
-        except ServiceError as e:
-            await abort_with(context, e)
+        engine = self._engine_for(request.model)
+        if not engine.supports_embeddings:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, Reason.UNSUPPORTED_INPUT,
+                               f"model {request.model!r} does not serve embeddings")
+        if not request.inputs:
+            raise invalid_parameter("input", "input must not be empty")
+        dims = request.dimensions if request.HasField("dimensions") else None
+        vectors, tokens = await engine.embed(list(request.inputs), dims)
         return worker_pb2.EmbedResponse(
             embeddings=[worker_pb2.Embedding(values=v) for v in vectors],
             usage=common_pb2.Usage(prompt_tokens=tokens))
@@ -202,7 +192,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Cancel(self, request: worker_pb2.CancelRequest, context) -> worker_pb2.CancelResponse:
         running = [rid for rid in dict.fromkeys(request.request_ids) if rid in self.inflight]
         if running and self.host.engine is not None:
-            self.cancelled.update(running)
             await self.host.engine.abort(running)
         return worker_pb2.CancelResponse(cancelled=running)
 

@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from mship.worker.v1 import worker_pb2_grpc
-from services.worker.process import WorkerProcess
 from tests.platform_process import PlatformProcess
 from tests.redis_server import RedisServer
+from tests.worker_process import WorkerProcess
 
 TINY = "tiny"
 # Two engine slots: a third request queues, which lets a test cancel a request before its first

@@ -10,8 +10,8 @@ import pytest
 
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
-from services.worker.process import WorkerProcess
 from tests.worker_calls import collect
+from tests.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.integration
 

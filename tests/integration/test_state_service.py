@@ -1,7 +1,8 @@
-"""The state service over gRPC, on the memory backend and on a real Redis (Debian's redis-server):
-committed model sets, stored responses scoped by identity, background runs (compare-and-set,
-atomic finish, owner lease expiry), event replay logs; durable across a restart of the service,
-password from the environment, and a clean UNAVAILABLE when Redis is down."""
+"""The state service as a service, beyond the Store contract it shares with the backends
+(tests/unit/test_state_store.py runs that over the service too): the client's error classes,
+input-item pages, request validation, committed model sets; on a real Redis (Debian's
+redis-server) durability across a restart of the service, the password from the environment, the
+server's own lease sweep, and a clean UNAVAILABLE when Redis is down."""
 
 from __future__ import annotations
 
@@ -20,15 +21,16 @@ from mship.state.v1 import state_pb2 as pb
 from mship.state.v1 import state_pb2_grpc
 from services.common.errors import ErrorDetails
 from services.state import client as sc
-from services.state.deployment import start_state_server
-from services.state.store import key_path, open_store
+from services.state.server import start_state_server
+from services.state.store import key_path
 from tests.redis_server import RedisServer
+from tests.store_contract import ev, open_backend, snap
 
 pytestmark = pytest.mark.integration
 MODELS = [common_pb2.ModelSpec(name="chat", model="builtin:gemma-3-270m", num_replicas=2)]
 PASSWORD = "s3cret"
 ALICE, BOB = "alice", "bob"
-QUEUED, IN_PROGRESS, COMPLETED = pb.RUN_STATUS_QUEUED, pb.RUN_STATUS_IN_PROGRESS, pb.RUN_STATUS_COMPLETED
+IN_PROGRESS, COMPLETED = pb.RUN_STATUS_IN_PROGRESS, pb.RUN_STATUS_COMPLETED
 CANCELLED, FAILED = pb.RUN_STATUS_CANCELLED, pb.RUN_STATUS_FAILED
 FINISHED_NAMES = "RUN_STATUS_COMPLETED, RUN_STATUS_INCOMPLETE, RUN_STATUS_FAILED, RUN_STATUS_CANCELLED"
 
@@ -53,30 +55,20 @@ async def serving(url: str, sweep_interval_s: float | None = None) -> AsyncItera
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def state(request, tmp_path, monkeypatch) -> AsyncIterator[sc.StateClient]:
+async def state(request, tmp_path) -> AsyncIterator[sc.StateClient]:
     """A state server on each backend, and a client of it."""
-    if request.param == "memory":
-        async with serving("memory://") as client:
-            yield client
-        return
-    server = RedisServer(tmp_path, password=PASSWORD)
-    monkeypatch.setenv("MSHIP_REDIS_PASSWORD", PASSWORD)
+    redis_servers: list[RedisServer] = []
+
+    def fresh_redis() -> str:
+        redis_servers.append(RedisServer(tmp_path))
+        return redis_servers[-1].url
+
     try:
-        async with serving(server.url) as client:
-            yield client
+        async with open_backend(f"service:{request.param}", fresh_redis) as backend:
+            yield backend.store.client
     finally:
-        server.stop()
-
-
-def snap(identity: str, rid: str, text: str = "", conversation: str = "[]", parent: str = "",
-         items: tuple[str, ...] = ()) -> pb.StoredResponse:
-    return pb.StoredResponse(key=sc.key(identity, rid), previous_response_id=parent,
-                             response_json=f'{{"id": "{rid}", "text": "{text}"}}', conversation_json=conversation,
-                             input_items=[pb.InputItem(id=i, item_json=f'{{"id": "{i}"}}') for i in items])
-
-
-def ev(seq: int, text: str = "", terminal: bool = False) -> pb.RunEvent:
-    return pb.RunEvent(sequence=seq, event_json=text or f'{{"n": {seq}}}', terminal=terminal)
+        for server in redis_servers:
+            server.stop()
 
 
 async def sequences(state: sc.StateClient, rid: str, after: int = 0, follow: bool = False,
@@ -121,49 +113,27 @@ async def test_memory_backend_is_per_process():
     assert list((await _put_then_get("memory://", put=False)).models) == []
 
 
-def test_password_never_in_the_url():
-    with pytest.raises(ValueError, match="MSHIP_REDIS_PASSWORD"):
-        open_store("redis://:hunter2@127.0.0.1:6390/0")
-    with pytest.raises(ValueError, match="unknown state store"):
-        open_store("postgres://x")
+# ---- the client's view ---------------------------------------------------------------------------
 
-
-# ---- stored responses -----------------------------------------------------------------------------
-
-async def test_another_identitys_id_is_not_found(state: sc.StateClient):
+async def test_the_client_raises_one_class_per_refusal(state: sc.StateClient):
     await state.create_run(snap(ALICE, "r", "secret", items=("i1",)), owner="gw1", lease_s=30)
-    await state.append_events(ALICE, "r", [ev(1, "secret event")])
-    attempts = [state.get_response(BOB, "r"), state.list_input_items(BOB, "r"), state.get_run_status(BOB, "r"),
-                state.append_events(BOB, "r", [ev(2)]), state.finish_run(BOB, "r", CANCELLED),
-                state.set_run_status(BOB, "r", IN_PROGRESS), state.renew_run(BOB, "r", "gw1", 30),
-                sequences(state, "r", identity=BOB)]
-    for attempt in attempts:
+    await state.append_events(ALICE, "r", [ev(1, "secret event")], owner="gw1")
+    for attempt in (state.get_response(BOB, "r"), state.list_input_items(BOB, "r"), state.get_run_status(BOB, "r"),
+                    sequences(state, "r", identity=BOB)):
         with pytest.raises(sc.NotFound) as info:
             await attempt
         assert info.value.details.reason == "NOT_FOUND" and "secret" not in info.value.details.message
-    assert await state.delete_response(BOB, "r") is False
-    mine = await state.get_response(ALICE, "r")
-    assert '"secret"' in mine.response_json and mine.run.status == QUEUED and mine.run.owner == "gw1"
-
-
-async def test_deleting_a_parent_keeps_children_and_branches_are_independent(state: sc.StateClient):
-    await state.put_response(snap(ALICE, "p", "hi", '["u1"]', items=("u1",)))
-    await asyncio.gather(  # two continuations of one parent at once
-        state.put_response(snap(ALICE, "b1", "left", '["u1", "a1", "L"]', parent="p", items=("L",)),
-                           create_only=True),
-        state.put_response(snap(ALICE, "b2", "right", '["u1", "a1", "R"]', parent="p", items=("R",)),
-                           create_only=True))
-    assert await state.delete_response(ALICE, "p") is True
-    with pytest.raises(sc.NotFound):
-        await state.get_response(ALICE, "p")
-    b1, b2 = await state.get_response(ALICE, "b1"), await state.get_response(ALICE, "b2")
-    assert (b1.conversation_json, b2.conversation_json) == ('["u1", "a1", "L"]', '["u1", "a1", "R"]')
-    assert b1.previous_response_id == "p" and b1.created_at > 0 and not b1.HasField("run")
-    # A continuation of a branch whose grandparent is gone needs only the branch.
-    await state.put_response(snap(ALICE, "c", "more", b1.conversation_json[:-1] + ', "x"]', parent="b1"))
-    assert (await state.get_response(ALICE, "c")).conversation_json == '["u1", "a1", "L", "x"]'
     with pytest.raises(sc.AlreadyExists):
-        await state.put_response(snap(ALICE, "b1", "again"), create_only=True)
+        await state.put_response(snap(ALICE, "r", "again"), create_only=True)
+    with pytest.raises(sc.Conflict) as conflict:  # a retried append (its reply was lost)
+        await state.append_events(ALICE, "r", [ev(1)], owner="gw1")
+    assert (conflict.value.details.reason, conflict.value.last_sequence) == ("CONFLICT", 1)
+    await state.cancel_run(ALICE, "r", snap(ALICE, "r", "cancelled"), '{"type": "response.cancelled"}')
+    with pytest.raises(sc.Conflict) as conflict:
+        await state.renew_run(ALICE, "r", "gw1", 30)  # how the owner learns it should stop
+    assert (conflict.value.status, conflict.value.owner) == (CANCELLED, "gw1")
+    assert [e.event_json async for e in state.read_events(ALICE, "r")] == [
+        'secret event', '{"type": "response.cancelled"}']
 
 
 async def test_input_items_are_listed_from_the_snapshot(state: sc.StateClient):
@@ -197,117 +167,7 @@ async def test_malformed_requests_name_their_fields(state: sc.StateClient):
             grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARAMETER", violations)
 
 
-# ---- background runs ----------------------------------------------------------------------------
-
-async def test_cancel_sticks_and_races_with_finish_have_one_winner(state: sc.StateClient):
-    await state.create_run(snap(ALICE, "r", "queued"), owner="gw1", lease_s=30)
-    await state.cancel_run(ALICE, "r", snap(ALICE, "r", "cancelled"), '{"type": "response.cancelled"}')
-    with pytest.raises(sc.Conflict) as info:
-        await state.set_run_status(ALICE, "r", IN_PROGRESS, expected=[QUEUED], owner="gw1")
-    assert info.value.status == CANCELLED and info.value.details.reason == "CONFLICT"
-    with pytest.raises(sc.Conflict):
-        await state.finish_run(ALICE, "r", COMPLETED, owner="gw1", response=snap(ALICE, "r", "done"),
-                               events=[ev(1, terminal=True)])
-    with pytest.raises(sc.Conflict) as info:
-        await state.renew_run(ALICE, "r", "gw1", 30)  # how the owner learns it should stop
-    assert info.value.status == CANCELLED
-    stored = await state.get_response(ALICE, "r")
-    assert stored.run.status == CANCELLED and '"cancelled"' in stored.response_json
-    assert [e.event_json async for e in state.read_events(ALICE, "r")] == ['{"type": "response.cancelled"}']
-
-    for n in range(10):  # the owner finishing and a cancel from another replica, at once
-        rid = f"race{n}"
-        await state.create_run(snap(ALICE, rid, "queued"), status=IN_PROGRESS, owner="gw1", lease_s=30)
-        await state.append_events(ALICE, rid, [ev(1), ev(2)], owner="gw1")
-        done, cancel = await asyncio.gather(
-            state.finish_run(ALICE, rid, COMPLETED, owner="gw1", response=snap(ALICE, rid, "done"),
-                             events=[ev(3, '"completed"', terminal=True)]),
-            state.cancel_run(ALICE, rid, snap(ALICE, rid, "cancelled"), '"cancelled"'), return_exceptions=True)
-        winner = "done" if isinstance(cancel, sc.Conflict) else "cancelled"
-        assert isinstance(done if winner == "cancelled" else cancel, sc.Conflict), (done, cancel)
-        stored = await state.get_response(ALICE, rid)
-        assert stored.run.status == (COMPLETED if winner == "done" else CANCELLED)
-        assert f'"{winner}"' in stored.response_json
-        log = [(e.sequence, e.event_json) async for e in state.read_events(ALICE, rid)]
-        assert log[2:] == [(3, '"completed"' if winner == "done" else '"cancelled"')] and len(log) == 3
-
-
-async def test_event_replay_after_n_is_exactly_once(state: sc.StateClient):
-    await state.create_run(snap(ALICE, "r"), status=IN_PROGRESS, owner="gw1", lease_s=30)
-    assert await state.append_events(ALICE, "r", [ev(1), ev(2), ev(3)], owner="gw1") == 3
-    with pytest.raises(sc.Conflict) as info:  # a retried append (its reply was lost)
-        await state.append_events(ALICE, "r", [ev(1), ev(2), ev(3)], owner="gw1")
-    assert info.value.last_sequence == 3
-    with pytest.raises(sc.Conflict):  # a gap
-        await state.append_events(ALICE, "r", [ev(5)], owner="gw1")
-    await state.append_events(ALICE, "r", [ev(n) for n in range(4, 301)], owner="gw1")  # > one read batch
-    await state.finish_run(ALICE, "r", COMPLETED, owner="gw1", events=[ev(301, terminal=True)])
-    assert await sequences(state, "r") == list(range(1, 302))
-    assert await sequences(state, "r", after=7) == list(range(8, 302))
-    assert await sequences(state, "r", after=300, follow=True) == [301]
-    assert await sequences(state, "r", after=301, follow=True) == []  # finished: nothing to wait for
-
-
-async def test_follow_receives_later_events_through_the_terminal_one(state: sc.StateClient):
-    await state.create_run(snap(ALICE, "r"), status=IN_PROGRESS, owner="gw1", lease_s=30)
-    await state.append_events(ALICE, "r", [ev(1), ev(2)], owner="gw1")
-    got: list[int] = []
-    caught_up = asyncio.Event()
-
-    async def follow() -> None:
-        async for event in state.read_events(ALICE, "r", after=1, follow=True):
-            got.append(event.sequence)
-            caught_up.set()
-
-    follower = asyncio.create_task(follow())
-    await asyncio.wait_for(caught_up.wait(), 10)
-    for seq in range(3, 8):
-        await state.append_events(ALICE, "r", [ev(seq)], owner="gw1")
-
-    async def delivered() -> bool:
-        return len(got) == 6  # 2..7, while following
-
-    await poll(delivered)
-    await state.finish_run(ALICE, "r", COMPLETED, owner="gw1", events=[ev(8, terminal=True)])
-    await asyncio.wait_for(follower, 10)
-    assert got == [2, 3, 4, 5, 6, 7, 8]
-
-
-async def test_a_follower_that_disconnects_resumes_after_what_it_saw(state: sc.StateClient):
-    await state.create_run(snap(ALICE, "r"), status=IN_PROGRESS, owner="gw1", lease_s=30)
-    await state.append_events(ALICE, "r", [ev(1), ev(2), ev(3)], owner="gw1")
-    seen: list[int] = []
-    async for event in state.read_events(ALICE, "r", follow=True):
-        seen.append(event.sequence)
-        if event.sequence == 2:
-            break  # the client goes away mid-stream (the call is cancelled)
-    await state.append_events(ALICE, "r", [ev(4), ev(5)], owner="gw1")
-    resumed = asyncio.create_task(sequences(state, "r", after=seen[-1], follow=True))
-    await state.append_events(ALICE, "r", [ev(6)], owner="gw1")
-    await state.finish_run(ALICE, "r", COMPLETED, owner="gw1", events=[ev(7, terminal=True)])
-    assert seen + await asyncio.wait_for(resumed, 10) == [1, 2, 3, 4, 5, 6, 7]
-
-
-async def test_a_run_whose_owner_died_is_reported_failed(state: sc.StateClient):
-    await state.create_run(snap(ALICE, "r"), status=IN_PROGRESS, owner="gw1", lease_s=0.5,
-                           failure_event_json='{"type": "response.failed"}')
-    await state.append_events(ALICE, "r", [ev(1)], owner="gw1")
-    follower = asyncio.create_task(sequences(state, "r", follow=True))
-    # gw1 never renews. A follower notices on its own; so does any read.
-    assert await asyncio.wait_for(follower, 10) == [1, 2]
-    record = await state.get_run_status(ALICE, "r")
-    assert record.status == FAILED and "lease expired" in record.detail
-    last = [e async for e in state.read_events(ALICE, "r", after=1)]
-    assert [(e.event_json, e.terminal) for e in last] == [('{"type": "response.failed"}', True)]
-    with pytest.raises(sc.Conflict):
-        await state.finish_run(ALICE, "r", COMPLETED, owner="gw1")  # too late
-    # A renewed run is not failed; the sweep RPC fails only the expired one.
-    await state.create_run(snap(ALICE, "alive"), status=IN_PROGRESS, owner="gw2", lease_s=60)
-    await state.create_run(snap(ALICE, "dead"), status=IN_PROGRESS, owner="gw3", lease_s=0.2)
-    failed = await poll(state.expire_runs)
-    assert [r.key.response_id for r in failed] == ["dead"]
-    assert (await state.renew_run(ALICE, "alive", "gw2", 60)).status == IN_PROGRESS
-
+# ---- lease sweep, durability, outages, crashes (Redis) ---------------------------------------
 
 async def test_the_state_server_sweeps_expired_runs_by_itself(redis_server):
     async with serving(redis_server.url, sweep_interval_s=0.1) as state:
@@ -321,8 +181,6 @@ async def test_the_state_server_sweeps_expired_runs_by_itself(redis_server):
         assert raw.zcard("mship:runs:leases") == 0
         raw.close()
 
-
-# ---- durability, outages, crashes (Redis) -------------------------------------------------------
 
 async def test_everything_survives_a_state_service_restart(redis_server):
     async with serving(redis_server.url) as state:

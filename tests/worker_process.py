@@ -1,5 +1,5 @@
-"""Run `python -m services.worker` as a child process: used by tests, benchmarks and tools that
-need a worker outside their own process. Ends only the process it started, by its handle.
+"""Run `python -m services.worker` as a child process, for tests and benchmarks that need a real
+worker outside their own process. Ends only the process it started, by its handle.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class WorkerProcess:
                *(["--name", name] if name else []), *(extra or [])]
         log = open(log_path, "w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                cwd=Path(__file__).resolve().parents[2])
+                                cwd=Path(__file__).resolve().parents[1])
         worker = cls(proc=proc, log_path=log_path)
         deadline = time.monotonic() + listen_timeout_s
         while time.monotonic() < deadline:

@@ -1,0 +1,89 @@
+"""`open_infer` / `InferStream` keep `Endpoint.outstanding` balanced: each call is counted once
+while it is open and taken back exactly once however it ends (served, refused and retried
+elsewhere, cancelled while waiting for its first event, closed twice)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from mship.coordinator.v1 import coordinator_pb2 as cpb
+from mship.worker.v1 import worker_pb2 as pb
+from services.common.infer import UpstreamError, open_infer
+from services.common.routes import RouteTable
+from tests.engine_double import ScriptedEngine, ServedWorker, serve_worker
+from tests.helpers import until
+
+MODEL = "m"
+
+
+@pytest.fixture
+async def routed() -> AsyncIterator[tuple[list[ServedWorker], RouteTable]]:
+    """Two replicas of MODEL (the second not ready), routed in one table."""
+    workers = [await serve_worker(ScriptedEngine(["a", "b"]), name=MODEL),
+               await serve_worker(ScriptedEngine(["a", "b"]), name=MODEL, ready=False)]
+    table = RouteTable()
+    snapshot = cpb.RoutingSnapshot(version=1)
+    route = snapshot.models.add(name=MODEL, version="v1", max_model_len=64)
+    for i, worker in enumerate(workers):
+        replica = route.replicas.add(replica_id=f"r{i}", model=MODEL, version="v1")
+        replica.endpoint.host, replica.endpoint.port = "127.0.0.1", worker.port
+    table.apply(snapshot)
+    try:
+        yield workers, table
+    finally:
+        for worker in workers:
+            worker.engine.first_hold.set()
+        await table.close()
+        for worker in workers:
+            await worker.server.stop(0)
+
+
+def request(request_id: str) -> pb.InferRequest:
+    return pb.InferRequest(request_id=request_id, model=MODEL, prompt=pb.PromptInput(text="hi"))
+
+
+def outstanding(table: RouteTable) -> list[int]:
+    return [e.outstanding for e in table.routes[MODEL].endpoints]
+
+
+async def test_a_served_stream_counts_until_it_is_closed_once(routed):
+    _, table = routed
+    for n in range(4):  # whichever replica is tried first, the ready one serves it
+        stream = await open_infer(table, MODEL, request(f"r{n}"))
+        assert sorted(outstanding(table)) == [0, 1]
+        assert [e.WhichOneof("event") async for e in stream] == ["delta", "delta", "final"]
+        stream.close()
+        stream.close()
+        assert outstanding(table) == [0, 0]
+
+
+async def test_cancelled_while_waiting_for_the_first_event(routed):
+    (ready, _), table = routed
+    ready.engine.first_hold.clear()
+    table.routes[MODEL].endpoints[1].outstanding = 10  # the ready replica is tried first
+    opening = asyncio.create_task(open_infer(table, MODEL, request("gone")))
+    await until(lambda: ready.engine.started == ["gone"], "the engine request to start")
+    assert outstanding(table) == [1, 10]
+    opening.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    assert outstanding(table) == [0, 10]
+    await until(lambda: ready.engine.cancelled == ["gone"], "the engine request to be cancelled")
+
+
+async def test_refusals_are_taken_back(routed):
+    (ready, _), table = routed
+    ready.engine.fail = True  # INTERNAL: not retried elsewhere
+    table.routes[MODEL].endpoints[1].outstanding = 10
+    with pytest.raises(UpstreamError) as info:
+        await open_infer(table, MODEL, request("boom"))
+    assert info.value.details.code == grpc.StatusCode.INTERNAL and outstanding(table) == [0, 10]
+    table.routes[MODEL].endpoints[1].outstanding = 0
+    table.routes[MODEL].endpoints[0].outstanding = 10  # the loading replica first: UNAVAILABLE, then the other
+    with pytest.raises(UpstreamError):
+        await open_infer(table, MODEL, request("boom2"))
+    assert outstanding(table) == [10, 0]

@@ -1,0 +1,47 @@
+"""ModelHost's load lifecycle and its progress log (an EventLog), with the engine double standing in
+for vLLM: every caller sees the whole history, from the start, through READY or FAILED."""
+
+from __future__ import annotations
+
+import pytest
+
+from mship.common.v1 import common_pb2
+from mship.worker.v1 import worker_pb2 as pb
+from services.worker import host as host_module
+from services.worker.host import ModelHost
+from tests.engine_double import ScriptedEngine
+
+SPEC = common_pb2.ModelSpec(name="m", model="scripted")
+PHASES = ["LOAD_PHASE_RESOLVING", "LOAD_PHASE_LOADING", "LOAD_PHASE_WARMING"]
+
+
+async def phases(host: ModelHost) -> list[str]:
+    return [pb.LoadPhase.Name(e.phase) async for e in host.progress()]
+
+
+async def test_a_load_reports_every_phase_to_early_and_late_callers(monkeypatch: pytest.MonkeyPatch):
+    engine = ScriptedEngine(["x"])
+    monkeypatch.setattr(host_module, "resolve_model", lambda ref: f"/models/{ref}")
+
+    async def start(spec, path):
+        return engine
+    monkeypatch.setattr(host_module, "start_engine", start)
+    host = ModelHost()
+    host.begin_load(SPEC)
+    assert await phases(host) == [*PHASES, "LOAD_PHASE_READY"]  # followed while it loads
+    await host.wait_ready()
+    assert host.ready and engine.started == ["warmup"] and host.load_seconds() >= 0
+    assert await phases(host) == [*PHASES, "LOAD_PHASE_READY"]  # a late caller: the whole history
+    await host.shutdown()
+
+
+async def test_a_failed_load_ends_progress_and_wait_ready(monkeypatch: pytest.MonkeyPatch):
+    def missing(ref: str) -> str:
+        raise FileNotFoundError("model path /nope does not exist on this node")
+    monkeypatch.setattr(host_module, "resolve_model", missing)
+    host = ModelHost()
+    host.begin_load(SPEC)
+    with pytest.raises(RuntimeError, match="FileNotFoundError: model path /nope"):
+        await host.wait_ready()
+    assert await phases(host) == ["LOAD_PHASE_RESOLVING", "LOAD_PHASE_FAILED"]
+    assert not host.ready and host.load_seconds() == 0.0
