@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from services.gateway.protocol_common.openai_error import OpenAIError
+
 
 async def until(check: Callable[[], Any], what: str = "the condition", timeout_s: float = 5.0,
                 poll_s: float = 0.005) -> None:
@@ -28,11 +30,11 @@ def until_sync(check: Callable[[], Any], what: str = "the condition", timeout_s:
         time.sleep(poll_s)
 
 
-def refused(parse: Callable[[Any], Any], body: Any, error: type[Exception], status: int = 400) -> Any:
-    """`parse(body)` raises `error` (an OpenAI error) with `status` and type invalid_request_error."""
-    with pytest.raises(error) as e:
+def refused(parse: Callable[[Any], Any], body: Any, status: int = 400) -> OpenAIError:
+    """`parse(body)` raises an OpenAI error with `status` and type invalid_request_error."""
+    with pytest.raises(OpenAIError) as e:
         parse(body)
     err = e.value
-    assert err.status == status, err  # type: ignore[attr-defined]
-    assert err.body()["error"]["type"] == "invalid_request_error"  # type: ignore[attr-defined]
+    assert err.status == status, err
+    assert err.body()["error"]["type"] == "invalid_request_error"
     return err

@@ -19,6 +19,9 @@ _STREAM = SPEC["paths"]["/responses"]["post"]["responses"]["200"]["content"]["te
 RESPONSE_SCHEMA = Draft202012Validator({"$ref": "#/components/schemas/ResponseResource", **_COMPONENTS})
 EVENT_SCHEMA = Draft202012Validator({**_STREAM, **_COMPONENTS})
 CREATE_SCHEMA = Draft202012Validator({"$ref": "#/components/schemas/CreateResponseBody", **_COMPONENTS})
+COMPACTION_SCHEMA = Draft202012Validator({"$ref": "#/components/schemas/CompactResource", **_COMPONENTS})
+_SOCKET = SPEC["paths"]["/responses"]["x-openresponses-websocket"]
+WS_ERROR_SCHEMA = Draft202012Validator({**_SOCKET["errorMessage"], **_COMPONENTS})
 SDK_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 TERMINALS = {"response.completed", "response.incomplete", "response.failed"}
 
@@ -46,3 +49,18 @@ def check_events(events: list[dict[str, Any]], start: int = 0) -> list[Any]:
     for event in parsed:
         state.handle_event(event)
     return parsed
+
+
+def check_compaction(obj: dict[str, Any]) -> dict[str, Any]:
+    """Valid for the spec's CompactResource (what `/v1/responses/compact` returns)."""
+    assert spec_errors(COMPACTION_SCHEMA, obj) == []
+    return obj
+
+
+def check_socket_turn(messages: list[dict[str, Any]]) -> list[Any]:
+    """One WebSocket turn's messages: a refused turn is one spec WebSocketErrorEvent; any other
+    turn is an event stream that passes `check_events` (its numbering starts at 0)."""
+    if len(messages) == 1 and messages[0]["type"] == "error" and "status" in messages[0]:
+        assert spec_errors(WS_ERROR_SCHEMA, messages[0]) == []
+        return messages
+    return check_events(messages)

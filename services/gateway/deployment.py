@@ -9,9 +9,10 @@ from ray import serve
 
 from services.common.routes import RouteTable, RoutingWatcher
 from services.gateway.app import GatewaySettings, create_app
-from services.gateway.conversation import CompactionCodec
-from services.gateway.http_server import ReusePortServer
-from services.gateway.responses_api import ResponsesAPI
+from services.gateway.edge.http_server import ReusePortServer
+from services.gateway.responses.compaction import CompactionCodec
+from services.gateway.responses.router import enable_responses
+from services.gateway.responses.serving import ResponsesServing
 from services.state.client import StateClient
 
 log = logging.getLogger(__name__)
@@ -38,16 +39,18 @@ class GatewayDeployment:
         self.watcher = RoutingWatcher(coordinator, self.table, replica_id)
         app = create_app(self.table, settings)
         self.state: StateClient | None = None
+        self.responses: ResponsesServing | None = None
 
         async def on_start() -> None:  # on the HTTP server's loop (this one): gRPC channels belong to it
             self.watcher.start()
             if state_address:
                 self.state = StateClient(state_address)
-                app.state.responses = ResponsesAPI(self.table, self.state, replica_id, CompactionCodec())
+                self.responses = ResponsesServing(self.table, self.state, replica_id, CompactionCodec())
+                enable_responses(app, self.responses)
 
         async def on_stop() -> None:
-            if app.state.responses is not None:
-                await app.state.responses.runs.stop()
+            if self.responses is not None:
+                await self.responses.stop()
             if self.state is not None:
                 await self.state.close()
             await self.watcher.stop()

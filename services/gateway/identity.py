@@ -10,15 +10,17 @@ from __future__ import annotations
 import hashlib
 import os
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection
+
+from services.common.vocabulary import ENV_TRUST_IDENTITY_HEADER
 
 IDENTITY_HEADER = "x-mship-identity"
 ANONYMOUS = "anonymous"
 
 
-def identity_of(request: Request, trust_header: bool | None = None) -> str:
+def identity_of(request: HTTPConnection, trust_header: bool | None = None) -> str:
     if trust_header is None:
-        trust_header = os.environ.get("MSHIP_TRUST_IDENTITY_HEADER") == "1"
+        trust_header = os.environ.get(ENV_TRUST_IDENTITY_HEADER) == "1"
     if trust_header and (value := request.headers.get(IDENTITY_HEADER)):
         return value.strip()
     auth = request.headers.get("authorization", "")

@@ -1,10 +1,9 @@
-"""Serving logic shared by the generation endpoints: one worker call per request, streamed as
-SSE or assembled into one JSON object, cancelled when the client disconnects."""
+"""Serving shared by chat and completions: one worker call per request, streamed as SSE or
+assembled into one JSON object, cancelled when the client disconnects."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -12,15 +11,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
 
 from mship.worker.v1 import worker_pb2 as pb
-from services.common.infer import UpstreamError, open_infer
+from services.common.infer import UpstreamError
 from services.common.routes import RouteTable
-from services.gateway.disconnect import ClientDisconnected, unless_disconnected
-from services.gateway.errors import OpenAIError, from_grpc, model_not_found, overloaded
+from services.gateway.edge.disconnect import ClientDisconnected, unless_disconnected
+from services.gateway.edge.errors import CLIENT_CLOSED
+from services.gateway.edge.sse import SSE_DONE, SSE_HEADERS, sse_event
+from services.gateway.generation import Generation, check_routed, open_generation
 from services.gateway.identity import cache_salt_for, identity_of
-from services.gateway.protocol import SSE_DONE, sse_event, to_infer_request
-
-log = logging.getLogger(__name__)
-CLIENT_CLOSED = 499  # nginx's code: nobody reads it, but logs and metrics do
+from services.gateway.protocol_common.openai_error import OpenAIError
 
 
 class Assembler(Protocol):
@@ -38,69 +36,75 @@ class StreamEncoder(Protocol):
 
 @dataclass
 class GenerationCall:
-    """What an endpoint hands to `serve_generation`: the parsed request and its response builders."""
+    """What an endpoint hands to `serve_generation`: its request and how to build the response."""
 
     model: str
     stream: bool
-    request: Any  # the endpoint's wire model
+    to_infer: Callable[[str, str | None], pb.InferRequest]  # (request id, cache salt) -> worker request
     assembler: Callable[[], Assembler]
     encoder: Callable[[], StreamEncoder]
     input_param: str = "messages"
 
+    @classmethod
+    def of(cls, req: Any, to_infer: Callable[..., pb.InferRequest], assembler: Any, encoder: Any,
+           input_param: str = "messages") -> GenerationCall:
+        """The call for a parsed `req`, its `to_infer_request`, and its assembler / encoder classes."""
+        return cls(req.model, bool(req.stream),
+                   lambda request_id, salt: to_infer(req, request_id=request_id, cache_salt=salt),
+                   lambda: assembler.for_request(req), lambda: encoder.for_request(req), input_param)
 
-def check_routed(table: RouteTable, model: str) -> None:
-    if model in table.routes:
-        return
-    if model in table.pending or not table.received.is_set():
-        raise overloaded(2.0, status=503)  # known but not loaded yet / routes not received yet
-    raise model_not_found(model)
+
+class GenerationServing:
+    """An endpoint served by `serve_generation`: subclasses turn the body into its call."""
+
+    def __init__(self, table: RouteTable, timeout_s: float | None = None) -> None:
+        self.table, self.timeout_s = table, timeout_s
+
+    def call(self, body: bytes) -> GenerationCall:
+        raise NotImplementedError
+
+    async def create(self, http: Request) -> Response:
+        return await serve_generation(http, self.table, self.call(await http.body()), self.timeout_s)
 
 
 async def serve_generation(http: Request, table: RouteTable, call: GenerationCall,
                            timeout_s: float | None = None) -> Response:
     check_routed(table, call.model)
-    identity = identity_of(http)
     responder = call.encoder() if call.stream else call.assembler()
-    infer = to_infer_request(call.request, request_id=responder.id, cache_salt=cache_salt_for(identity))
-
-    def http_error(e: UpstreamError) -> OpenAIError:
-        return from_grpc(e.details, call.model, input_param=call.input_param)
-
+    infer = call.to_infer(responder.id, cache_salt_for(identity_of(http)))
+    opening = open_generation(table, call.model, infer, input_param=call.input_param, timeout_s=timeout_s)
     try:
         if not call.stream:
-            return JSONResponse(await unless_disconnected(http, _assemble(table, call.model, infer, responder,
-                                                                          timeout_s)))
-        stream = await unless_disconnected(http, open_infer(table, call.model, infer, timeout_s))
-    except UpstreamError as e:
-        raise http_error(e) from e
+            return JSONResponse(await unless_disconnected(http, _assemble(opening, responder)))
+        generation = await unless_disconnected(http, opening)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
-
-    async def events() -> AsyncIterator[bytes]:
-        # Starlette cancels this generator when the client disconnects; `close()` then cancels the
-        # gRPC call and the worker aborts the engine request.
-        try:
-            async for event in stream:
-                for chunk in responder.encode(event):
-                    yield sse_event(chunk)
-        except UpstreamError as e:  # after the first token: the error travels in the stream
-            yield sse_event(http_error(e).body())
-        except OpenAIError as e:
-            yield sse_event(e.body())
-        finally:
-            stream.close()
-        yield SSE_DONE
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(_events(generation, responder), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _assemble(table: RouteTable, model: str, infer: pb.InferRequest, assembler: Assembler,
-                    timeout_s: float | None) -> dict[str, Any]:
-    stream = await open_infer(table, model, infer, timeout_s)
+async def _events(generation: Generation, encoder: StreamEncoder) -> AsyncIterator[bytes]:
+    # Starlette closes this generator when the client disconnects; `close()` then cancels the
+    # gRPC call and the worker aborts the engine request.
     try:
-        async for event in stream:
-            assembler.add(event)
+        async for event in generation:
+            for chunk in encoder.encode(event):
+                yield sse_event(chunk)
+    except UpstreamError as e:  # after the first token: the error travels in the stream
+        yield sse_event(generation.failure(e).body())
+    except OpenAIError as e:
+        yield sse_event(e.body())
     finally:
-        stream.close()
+        generation.close()
+    yield SSE_DONE
+
+
+async def _assemble(opening: Awaitable[Generation], assembler: Assembler) -> dict[str, Any]:
+    generation = await opening
+    try:
+        async for event in generation:
+            assembler.add(event)
+    except UpstreamError as e:
+        raise generation.failure(e) from e
+    finally:
+        generation.close()
     return assembler.result()

@@ -15,7 +15,7 @@ from websockets.sync.client import connect
 from mship.worker.v1 import worker_pb2_grpc
 from services.worker.builtin import corpus
 from tests.integration.test_platform import worker_address
-from tests.openresponses import check_events, check_response
+from tests.openresponses import check_compaction, check_events, check_response, check_socket_turn
 from tests.platform_process import PlatformProcess
 from tests.worker_calls import wait_load
 
@@ -182,8 +182,9 @@ def test_compaction_starts_a_new_chain(platform):
     second = create(platform, input="What is 2 + 2?", previous_response_id=first["id"])
     with http(platform) as c:
         r = c.post("/responses/compact", json={"model": "tiny", "previous_response_id": second["id"]})
-    compacted = r.json()
-    assert r.status_code == 200 and compacted["object"] == "response.compaction"
+    assert r.status_code == 200, r.text
+    compacted = check_compaction(r.json())
+    assert compacted["object"] == "response.compaction"
     assert [i["type"] for i in compacted["output"]] == ["message", "message", "compaction"]
     follow = create(platform, input=[*compacted["output"], {"type": "message", "role": "user",
                                                             "content": "What color is the sky?"}])
@@ -203,6 +204,7 @@ def test_websocket_mode(platform):
         while not events or events[-1]["type"] not in ("response.completed", "response.incomplete",
                                                          "response.failed", "error"):
             events.append(json.loads(ws.recv(timeout=120)))
+        check_socket_turn(events)
         return events
 
     with connect(url, additional_headers=headers) as ws:

@@ -3,17 +3,13 @@
 routing snapshots to real `WorkerServicer`s on grpc.aio servers around an engine double
 (tests/engine_double.py). Clients: the openai SDK, httpx, and raw sockets where a test must hang up.
 
-Synchronisation is by polling observable state against a deadline (`until`), never by sleeping.
+Synchronisation is by polling observable state against a deadline (`tests.helpers.until`), never by sleeping.
 After every test the edge, the picker and the workers must hold no request any more.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import httpx
 import openai
@@ -21,145 +17,23 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from mship.coordinator.v1 import coordinator_pb2 as cpb
-from services.common.routes import Endpoint, RouteTable
-from services.gateway.app import GatewaySettings, create_app
-from services.gateway.http_server import ReusePortServer
-from tests.engine_double import ScriptedEngine, ServedWorker, serve_worker
+from tests.helpers import until
 from tests.platform_process import free_port
+from tests.unit.gateway_harness import (
+    CHAT,
+    MODEL,
+    SERVER_ID,
+    SLASHED,
+    Gateway,
+    hang_up,
+    raw_post,
+    read_until,
+    served_by,
+    sse,
+)
 
-MODEL = "m"
-SLASHED = "org/big"  # routed, no replica: exercises the `{model_id:path}` route
-SCRIPT = ["Hello", " world", "!"]
-MAX_BODY = 2048
-SERVER_ID = "gw-test-1"
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "say hi"}]}
+pytest_plugins = ("tests.unit.gateway_fixtures",)  # its fixtures: gateway, workers, client, oai
 pytestmark = pytest.mark.timeout(60)
-
-
-# ---- harness -----------------------------------------------------------------------------------
-
-async def until(check: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
-
-
-class Gateway:
-    """The edge as a gateway replica runs it, minus Ray: app + ReusePortServer + RouteTable."""
-
-    def __init__(self, *, server_id: str = SERVER_ID, drain_s: float = 0, **settings: Any) -> None:
-        self.table = RouteTable()
-        config = GatewaySettings(coordinator=f"127.0.0.1:{free_port()}", **{"max_body_bytes": MAX_BODY, **settings})
-        self.http = ReusePortServer(create_app(self.table, config), "127.0.0.1", 0, on_stop=self.table.close,
-                                    drain_s=drain_s, graceful_s=2, server_id=server_id)
-        self.http.start()
-        self.url = f"http://127.0.0.1:{self.http.port}"
-        self.version = 0
-
-    async def on_loop(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` on the server's event loop (the table's channels live there)."""
-        async def call() -> Any:
-            return fn()
-        assert self.http.loop is not None
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call(), self.http.loop))
-
-    async def route(self, *addresses: str, pending: tuple[str, ...] = (), slashed: bool = True) -> None:
-        """Apply a snapshot routing MODEL to `addresses` (and SLASHED to nothing)."""
-        self.version += 1
-        snapshot = cpb.RoutingSnapshot(version=self.version, pending=list(pending))
-        model = snapshot.models.add(name=MODEL, version="v1", max_model_len=64)
-        for i, address in enumerate(addresses):
-            host, port = address.rsplit(":", 1)
-            replica = model.replicas.add(replica_id=f"r{i}", model=MODEL, version="v1")
-            replica.endpoint.host, replica.endpoint.port = host, int(port)
-        if slashed:
-            snapshot.models.add(name=SLASHED, version="v1", max_model_len=64)
-        await self.on_loop(lambda: self.table.apply(snapshot))
-
-    def endpoint(self, address: str) -> Endpoint:
-        return next(e for e in self.table.routes[MODEL].endpoints if e.address == address)
-
-    async def stop(self) -> None:
-        await self.http.drain_and_stop()
-
-
-@pytest.fixture(scope="module")
-async def gateway() -> AsyncIterator[Gateway]:
-    gw = Gateway()
-    yield gw
-    await gw.stop()
-
-
-@pytest.fixture
-async def workers(gateway: Gateway) -> AsyncIterator[tuple[ServedWorker, ServedWorker]]:
-    """Two live replicas of MODEL, routed; afterwards nothing may still hold a request."""
-    a, b = await serve_worker(ScriptedEngine(SCRIPT)), await serve_worker(ScriptedEngine(SCRIPT))
-    await gateway.route(a.address, b.address)
-    try:
-        yield a, b
-        await until(lambda: gateway.http.inflight == 0, "the edge to finish its requests")
-        await until(lambda: all(e.outstanding == 0 for r in gateway.table.routes.values() for e in r.endpoints),
-                    "the picker's outstanding counts to return to 0")
-        await until(lambda: not a.servicer.inflight and not b.servicer.inflight, "the workers to finish")
-    finally:
-        for w in (a, b):
-            w.engine.hold.set()
-            w.engine.first_hold.set()
-            await w.server.stop(0)
-
-
-@pytest.fixture
-async def client(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as c:
-        yield c
-
-
-@pytest.fixture
-async def oai(gateway: Gateway) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="sk-test", max_retries=0,
-                                  timeout=10) as c:
-        yield c
-
-
-async def sse(client: httpx.AsyncClient, path: str, payload: dict[str, Any]) -> tuple[httpx.Response, list[str]]:
-    """POST and read the whole event stream: the response and its `data:` payloads, in order."""
-    async with client.stream("POST", path, json=payload) as r:
-        lines = [line async for line in r.aiter_lines()]
-    events = [line.removeprefix("data: ") for line in lines if line]
-    assert all(line.startswith("data: ") for line in lines if line), lines
-    return r, events
-
-
-async def raw_post(port: int, path: str, payload: dict[str, Any]) -> tuple[asyncio.StreamReader,
-                                                                          asyncio.StreamWriter]:
-    """A POST on a plain socket, so the test decides exactly when the client hangs up."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    body = json.dumps(payload).encode()
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    await writer.drain()
-    return reader, writer
-
-
-async def read_until(reader: asyncio.StreamReader, marker: bytes) -> bytes:
-    buf = b""
-    async with asyncio.timeout(5):
-        while marker not in buf:
-            data = await reader.read(4096)
-            assert data, f"the server closed before {marker!r}: {buf!r}"
-            buf += data
-    return buf
-
-
-async def hang_up(writer: asyncio.StreamWriter) -> None:
-    writer.close()
-    await writer.wait_closed()
-
-
-def served_by(*workers: ServedWorker) -> list[int]:
-    return [len(w.engine.started) for w in workers]
 
 
 # ---- success paths -----------------------------------------------------------------------------
@@ -339,146 +213,3 @@ async def test_overloaded_replica_is_not_skipped_once_it_recovers(workers, gatew
         assert served_by(busy, other) == [1, 1]
     finally:
         await gateway.on_loop(lambda: setattr(gateway.endpoint(other.address), "outstanding", 0))
-
-
-# ---- errors ------------------------------------------------------------------------------------
-
-def error_of(r: httpx.Response, status: int, server_id: str = SERVER_ID) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    assert r.headers["x-mship-gateway"] == server_id
-    body = r.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
-    return body["error"]
-
-
-async def test_request_validation_errors(workers, client):
-    err = error_of(await client.post("/v1/chat/completions", content=b'{"model": "m", "messages": [',
-                                     headers={"content-type": "application/json"}), 400)
-    assert (err["type"], err["code"]) == ("invalid_request_error", "invalid_json")
-
-    err = error_of(await client.post("/v1/chat/completions", json={**CHAT, "temperature": "hot"}), 400)
-    assert err["param"] == "temperature" and "expected a decimal, but got a string" in err["message"]
-
-    err = error_of(await client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "best_of": 2}), 400)
-    assert err["param"] == "best_of"
-
-    err = error_of(await client.post("/v1/chat/completions", json={**CHAT, "frobnicate": 1}), 400)
-    assert (err["param"], err["message"]) == ("frobnicate", "Unrecognized request argument supplied: frobnicate")
-
-    err = error_of(await client.post("/v1/chat/completions", json={**CHAT, "model": "nope"}), 404)
-    assert (err["code"], err["param"]) == ("model_not_found", "model")
-
-    err = error_of(await client.get("/v1/nothing-here"), 404)
-    assert err["type"] == "invalid_request_error"
-    assert served_by(*workers) == [0, 0]  # none of these reached a worker
-
-
-async def test_body_limit(workers, client):
-    padded = {**CHAT, "user": "x" * (MAX_BODY - len(json.dumps(CHAT)) - 20)}
-    assert len(json.dumps(padded)) < MAX_BODY
-    assert (await client.post("/v1/chat/completions", json=padded)).status_code == 200
-
-    over = {**CHAT, "user": "x" * MAX_BODY}
-    err = error_of(await client.post("/v1/chat/completions", json=over), 413)
-    assert err["code"] == "request_too_large"
-
-    body = json.dumps(over).encode()
-
-    async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: the limit holds while reading
-        for i in range(0, len(body), 512):
-            yield body[i:i + 512]
-
-    r = await client.post("/v1/chat/completions", content=chunked(), headers={"content-type": "application/json"})
-    assert "content-length" not in r.request.headers
-    assert error_of(r, 413)["code"] == "request_too_large"
-    assert sum(served_by(*workers)) == 1  # only the padded one reached a worker
-    assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200  # the edge still serves
-
-
-async def test_context_too_long_is_400_context_length_exceeded(workers, client):
-    long = " ".join(["word"] * 70)  # the double's context is 64 tokens, one per word
-    err = error_of(await client.post("/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": long}]}), 400)
-    assert (err["code"], err["param"], err["type"]) == ("context_length_exceeded", "messages", "invalid_request_error")
-    assert "maximum context length is 64 tokens" in err["message"]
-    err = error_of(await client.post("/v1/completions", json={"model": MODEL, "prompt": long}), 400)
-    assert (err["code"], err["param"]) == ("context_length_exceeded", "prompt")
-
-
-async def test_all_replicas_overloaded_is_429_with_retry_after(workers, client, oai):
-    for w in workers:
-        w.servicer.max_inflight = 0
-    r = await client.post("/v1/chat/completions", json=CHAT)
-    err = error_of(r, 429)
-    assert (err["type"], err["code"], r.headers["retry-after"]) == ("rate_limit_error", "overloaded", "1")
-    r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})  # before the first token
-    assert error_of(r, 429)["code"] == "overloaded"
-    with pytest.raises(openai.RateLimitError):
-        await oai.chat.completions.create(model=MODEL, messages=CHAT["messages"])
-
-
-async def test_worker_error_before_the_first_token_is_500_and_not_retried(workers, client):
-    for w in workers:
-        w.engine.fail = True
-    err = error_of(await client.post("/v1/chat/completions", json=CHAT), 500)
-    assert err["type"] == "server_error" and "exploded" not in err["message"]  # no internals leak
-    assert sorted(served_by(*workers)) == [0, 1]  # an engine error is not a reason to try elsewhere
-
-
-async def test_worker_error_after_the_first_token_is_an_sse_error_event(workers, client, oai):
-    for w in workers:
-        w.engine.fail_at = 1  # "Hello" goes out, then the engine fails
-    r, events = await sse(client, "/v1/chat/completions", {**CHAT, "stream": True})
-    assert r.status_code == 200  # the status line went out with the first token
-    *chunks, error, done = events
-    assert done == "[DONE]"
-    assert "".join(json.loads(c)["choices"][0]["delta"].get("content", "") for c in chunks) == "Hello"
-    assert json.loads(error)["error"]["type"] == "server_error"
-
-    with pytest.raises(openai.APIError):
-        async for _ in await oai.chat.completions.create(model=MODEL, messages=CHAT["messages"], stream=True):
-            pass
-
-    err = error_of(await client.post("/v1/chat/completions", json=CHAT), 500)  # not streamed: a plain 500
-    assert err["type"] == "server_error"
-
-
-async def test_request_timeout_is_504_or_a_timeout_event(workers):
-    a, _ = workers
-    gw = Gateway(server_id="gw-timeout", request_timeout_s=0.3)
-    try:
-        await gw.route(a.address)
-        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
-            a.engine.first_hold.clear()
-            err = error_of(await client.post("/v1/chat/completions", json=CHAT), 504, server_id="gw-timeout")
-            assert (err["code"], err["type"]) == ("timeout", "server_error")
-            await until(lambda: a.engine.cancelled == a.engine.started, "the deadline to end the engine request")
-            a.engine.first_hold.set()
-            a.engine.hold.clear()  # first token out, then nothing
-            r, events = await sse(client, "/v1/chat/completions", {**CHAT, "stream": True})
-            assert r.status_code == 200 and events[-1] == "[DONE]"
-            assert json.loads(events[-2])["error"]["code"] == "timeout"
-        await until(lambda: len(a.engine.cancelled) == 2 and not a.servicer.inflight,
-                    "the worker to drop the timed-out requests")
-    finally:
-        await gw.stop()
-
-
-# ---- the replica's HTTP server -----------------------------------------------------------------
-
-async def test_drain_closes_keepalive_connections_and_stops_listening(workers):
-    a, _ = workers
-    gw = Gateway(server_id="gw-drain", drain_s=1.0)
-    await gw.route(a.address)
-    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
-        r = await client.post("/v1/chat/completions", json=CHAT)
-        assert r.status_code == 200 and r.headers.get("connection") != "close"
-        stopping = asyncio.create_task(gw.stop())
-        await until(lambda: gw.http.draining and not any(s.is_serving() for s in gw.http.server.servers),
-                    "the listener to close")
-        r = await client.post("/v1/chat/completions", json=CHAT)  # on the kept-alive connection
-        assert (r.status_code, r.headers["connection"], r.headers["x-mship-gateway"]) == (200, "close", "gw-drain")
-        with pytest.raises(httpx.ConnectError):  # new connections go to the other replicas
-            await client.get("/health")
-        await stopping
-    assert not gw.http.healthy()

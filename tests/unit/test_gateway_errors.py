@@ -9,18 +9,17 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from services.common.errors import ErrorDetails, Reason, ServiceError, invalid_parameter
-from services.gateway.errors import (
+from services.gateway.chat.protocol import ChatCompletionRequest
+from services.gateway.edge.errors import install_handlers
+from services.gateway.edge.upstream import from_grpc
+from services.gateway.protocol_common.openai_error import (
     OpenAIError,
     body_too_large,
-    from_grpc,
-    from_validation,
-    install_handlers,
     invalid_json,
     model_not_found,
     overloaded,
-    param_path,
 )
-from services.gateway.protocol import ChatCompletionRequest
+from services.gateway.protocol_common.validation import from_validation, param_path
 
 C = grpc.StatusCode
 

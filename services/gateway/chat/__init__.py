@@ -1,0 +1,1 @@
+"""`/v1/chat/completions`: `protocol` (requests), `protocol_output` (results), `serving`, `router`."""

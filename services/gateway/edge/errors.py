@@ -1,0 +1,51 @@
+"""Errors as HTTP: every error the edge answers is an OpenAI error body; unexpected exceptions
+become a bare 500 (logged here with their traceback, never shown to the client)."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.gateway.protocol_common.openai_error import (
+    INVALID_REQUEST,
+    SERVER_ERROR,
+    OpenAIError,
+    internal_error,
+)
+from services.gateway.protocol_common.validation import from_validation
+
+log = logging.getLogger(__name__)
+CLIENT_CLOSED = 499  # nginx's code: nobody reads it, but logs and metrics do
+
+
+def error_response(err: OpenAIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers or None)
+
+
+def install_handlers(app: FastAPI) -> None:
+    async def on_openai(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, OpenAIError)
+        return error_response(exc)
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(from_validation(exc))
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        err = OpenAIError(exc.status_code, str(exc.detail), type=INVALID_REQUEST if exc.status_code < 500
+                          else SERVER_ERROR, headers=exc.headers)
+        return error_response(err)
+
+    async def on_crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(internal_error())
+
+    app.add_exception_handler(OpenAIError, on_openai)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_crash)

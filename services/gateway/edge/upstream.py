@@ -1,0 +1,67 @@
+"""The one table that maps failed worker/coordinator gRPC calls (their `ErrorDetails`) to OpenAI
+errors. Only `services.gateway.generation` calls it: every endpoint opens its generation there."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from services.common.errors import ErrorDetails
+from services.gateway.protocol_common.openai_error import (
+    INTERNAL_MESSAGE,
+    SERVER_ERROR,
+    OpenAIError,
+    model_not_found,
+    overloaded,
+    retry_after_header,
+)
+
+log = logging.getLogger(__name__)
+
+# google.rpc's canonical HTTP mapping (google/rpc/code.proto), used where no reason says better.
+_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.ALREADY_EXISTS: 409, grpc.StatusCode.RESOURCE_EXHAUSTED: 429, grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+_TYPE_4XX = {401: "authentication_error", 403: "permission_error", 409: "conflict_error"}
+
+
+def from_grpc(details: ErrorDetails, model: str | None, *, input_param: str = "messages") -> OpenAIError:
+    """The HTTP error for a failed worker/coordinator call. `input_param` names the prompt field of the
+    endpoint (`messages` for chat, `prompt` for completions, `input` for responses) for CONTEXT_TOO_LONG."""
+    code, reason, message = details.code, details.reason, details.message or "request failed"
+    param = details.field_violations[0][0] if details.field_violations else None
+    if reason == "MODEL_NOT_FOUND" or (code == grpc.StatusCode.NOT_FOUND and reason in ("", "MODEL_NOT_FOUND")):
+        return model_not_found(model or details.metadata.get("model"))
+    if reason == "CONTEXT_TOO_LONG":
+        return OpenAIError(400, message, param=input_param, code="context_length_exceeded")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED or reason == "OVERLOADED":
+        return overloaded(details.retry_after_s, status=429)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        if reason == "NOT_READY":
+            return OpenAIError(503, f"The model '{model or ''}' is loading, please retry shortly.", type=SERVER_ERROR,
+                               code="model_not_ready", headers=retry_after_header(details.retry_after_s))
+        return overloaded(details.retry_after_s, status=503)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return OpenAIError(504, "The request timed out.", type=SERVER_ERROR, code="timeout")
+    if code == grpc.StatusCode.CANCELLED:
+        # nginx's 499: the client went away (or cancelled); the body is rarely read.
+        return OpenAIError(499, "The request was cancelled.", code="request_cancelled")
+    status = _STATUS.get(code, 500)
+    if status == 400:
+        return OpenAIError(400, message, param=param, code=_reason_code(reason))
+    if status == 404:
+        return OpenAIError(404, message, param=param, code="not_found")
+    if status in _TYPE_4XX:
+        return OpenAIError(status, message, type=_TYPE_4XX[status], param=param)
+    # INTERNAL, UNKNOWN, DATA_LOSS, UNIMPLEMENTED...: the worker's text may hold internals; keep it in logs.
+    log.warning("upstream error %s %s: %s", code.name, reason, message)
+    return OpenAIError(501 if status == 501 else 500, INTERNAL_MESSAGE, type=SERVER_ERROR)
+
+
+def _reason_code(reason: str) -> str | None:
+    return {"INVALID_PARAMETER": "invalid_value", "UNSUPPORTED_INPUT": "unsupported_input"}.get(reason)

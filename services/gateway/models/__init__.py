@@ -1,0 +1,1 @@
+"""`/v1/models`: `protocol` (model cards), `serving`, `router`."""

@@ -1,0 +1,127 @@
+"""Background responses: the run goes on in this gateway replica after the HTTP request returns.
+
+Its events go to the state service's replay log (sequence = event sequence_number + 1), so any
+replica can stream or resume them; the final snapshot, status and terminal event are written in
+one transaction. The run holds an owner lease it renews while working: if this replica dies, the
+lease runs out and the state service reports the run `failed` instead of leaving it in progress.
+A cancel (from any replica) wins the status compare-and-set; the runner sees the conflict and
+stops, and the engine request is aborted through the worker's `Cancel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from mship.state.v1 import state_pb2 as spb
+from services.common.routes import RouteTable
+from services.gateway.generation import cancel_everywhere, open_generation
+from services.gateway.protocol_common.openai_error import OpenAIError
+from services.gateway.responses.turns import Events, Turn, run_turn
+from services.state.client import Conflict, StateClient, StateError
+
+log = logging.getLogger(__name__)
+LEASE_S = 10.0
+RENEW_EVERY_S = 3.0
+
+
+def log_event(event: dict[str, Any], terminal: bool = False) -> spb.RunEvent:
+    return spb.RunEvent(sequence=event["sequence_number"] + 1, event_json=json.dumps(event), terminal=terminal)
+
+
+def replayed(event: spb.RunEvent) -> dict[str, Any]:
+    """A logged event as the client sees it (the log's numbering is the authority)."""
+    data = json.loads(event.event_json)
+    data["sequence_number"] = event.sequence - 1
+    return data
+
+
+class BackgroundRuns:
+    def __init__(self, table: RouteTable, state: StateClient, owner: str) -> None:
+        self.table, self.state, self.owner = table, state, owner
+        self.tasks: dict[str, asyncio.Task] = {}
+
+    async def start(self, run: Turn) -> dict[str, Any]:
+        """Record the run as queued (answered at once), then work on it in a task."""
+        encoder = run.encoder
+        queued = encoder.start(queued=True)
+        failed = json.loads(json.dumps(encoder.response))
+        failed.update(status="failed", error={"code": "server_error",
+                                              "message": "The server running this response stopped."})
+        await self.state.create_run(run.snapshot(encoder.response), owner=self.owner, lease_s=LEASE_S,
+                                    failure_event_json=json.dumps({"type": "response.failed", "sequence_number": 0,
+                                                                   "response": failed}))
+        await self.state.append_events(run.identity, encoder.id, [log_event(e) for e in queued], owner=self.owner)
+        self.tasks[encoder.id] = asyncio.get_running_loop().create_task(self._run(run))
+        self.tasks[encoder.id].add_done_callback(lambda _: self.tasks.pop(encoder.id, None))
+        return encoder.response
+
+    async def _run(self, run: Turn) -> None:
+        encoder, rid = run.encoder, run.encoder.id
+        renewer = None
+        try:
+            await self.state.set_run_status(run.identity, rid, spb.RUN_STATUS_IN_PROGRESS,
+                                            expected=[spb.RUN_STATUS_QUEUED], owner=self.owner, lease_s=LEASE_S)
+            await self._append(run, encoder.in_progress())
+            renewer = asyncio.get_running_loop().create_task(self._renew(run, asyncio.current_task()))
+            try:
+                generation = await open_generation(self.table, run.req.model, run.infer, input_param="input")
+            except OpenAIError as e:
+                await self._finish(run, encoder.error_out(e))
+                return
+            async with contextlib.aclosing(run_turn(encoder, generation, lambda out: self._finish(run, out))) as turn:
+                async for events in turn:
+                    await self._append(run, events)
+        except Conflict:
+            log.info("background response %s was cancelled", rid)  # a cancel won: stop, write nothing
+        except StateError as e:  # the store is gone: the lease will expire and report the run failed
+            log.warning("background response %s lost the state store: %s", rid, e)
+        except asyncio.CancelledError:
+            log.info("background response %s stopped", rid)
+        finally:
+            if renewer is not None:
+                renewer.cancel()
+
+    async def _append(self, run: Turn, events: Events) -> None:
+        if events:
+            await self.state.append_events(run.identity, run.encoder.id, [log_event(e) for e in events],
+                                           owner=self.owner)
+
+    async def _finish(self, run: Turn, events: Events) -> Events:
+        """Everything but the terminal event to the log; then snapshot + status + terminal at once.
+        Nothing is left to send: a background run's client reads the log."""
+        *body, terminal = events
+        await self._append(run, body)
+        status = getattr(spb, "RUN_STATUS_" + run.encoder.status.upper())
+        await self.state.finish_run(run.identity, run.encoder.id, status, owner=self.owner,
+                                    response=run.snapshot(run.encoder.response),
+                                    events=[log_event(terminal, terminal=True)])
+        return []
+
+    async def _renew(self, run: Turn, worker: asyncio.Task | None) -> None:
+        while True:
+            await asyncio.sleep(RENEW_EVERY_S)
+            try:
+                await self.state.renew_run(run.identity, run.encoder.id, self.owner, LEASE_S)
+            except Conflict:  # cancelled (or finished elsewhere): stop the work
+                if worker is not None:
+                    worker.cancel()
+                return
+            except StateError as e:
+                log.warning("renewing %s failed: %s", run.encoder.id, e)
+
+    async def abort(self, response_id: str, model: str) -> None:
+        """Stop a run's engine work: the local task if it runs here, and `Cancel` on every replica
+        of the model, wherever the run lives."""
+        task = self.tasks.get(response_id)
+        if task is not None:
+            task.cancel()
+        await cancel_everywhere(self.table, model, [response_id])
+
+    async def stop(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)

@@ -1,0 +1,64 @@
+"""One Responses turn: the request prepared (conversation so far, worker request, encoder), and
+the one loop that feeds the worker's events to the encoder, used by foreground turns (streamed
+or not), WebSocket turns, background runs and compaction alike."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mship.state.v1 import state_pb2 as spb
+from mship.worker.v1 import worker_pb2 as pb
+from services.common.infer import UpstreamError
+from services.gateway.generation import Generation
+from services.gateway.responses.conversation import snapshot_of
+from services.gateway.responses.protocol import ResponseRequest
+from services.gateway.responses.protocol_events import ResponseStreamEncoder
+
+Events = list[dict[str, Any]]
+# Called with the batch holding the terminal event before it goes out; returns what goes out instead.
+Finish = Callable[[Events], Awaitable[Events]]
+
+
+@dataclass
+class Turn:
+    """One prepared turn: the request, its conversation so far, its worker request and encoder."""
+
+    req: ResponseRequest
+    identity: str
+    history: list[dict[str, Any]]
+    inputs: list[dict[str, Any]]
+    encoder: ResponseStreamEncoder
+    infer: pb.InferRequest
+
+    def snapshot(self, response: dict[str, Any]) -> spb.StoredResponse:
+        return snapshot_of(self.identity, response, self.history, self.inputs, self.req.previous_response_id)
+
+    @property
+    def conversation(self) -> list[dict[str, Any]]:
+        return [*self.history, *self.inputs, *self.encoder.response["output"]]
+
+
+async def run_turn(encoder: ResponseStreamEncoder, generation: Generation, finish: Finish,
+                   opening: Events | None = None) -> AsyncIterator[Events]:
+    """Yield `opening` (if any), then each worker event's batch of stream events; the last batch
+    holds the terminal event and passes through `finish` first (store the snapshot, write the run).
+    A call that breaks, or ends without a Final, fails the response (an `error` event first for a
+    break). Closing this generator early cancels the worker call."""
+    if opening:
+        yield opening
+    try:
+        async for event in generation:
+            out = encoder.encode(event)
+            if encoder.done:
+                break
+            if out:
+                yield out
+        else:
+            out = encoder.fail()  # ended without a Final
+    except UpstreamError as e:
+        out = encoder.error_out(generation.failure(e))
+    finally:
+        generation.close()
+    yield await finish(out)

@@ -1,0 +1,89 @@
+"""WebSocket mode of `/v1/responses`: `response.create` messages on one socket, one turn at a time,
+events back as JSON messages.
+
+The socket keeps the conversation of its latest response in memory, so a turn can continue
+from it with `previous_response_id` even when it was not stored (`store: false`). An id that is
+neither that nor a stored response of the caller is `previous_response_not_found`, and so is the
+latest id once a continuation from it failed (its cached state is dropped, as the spec requires).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from services.gateway.identity import identity_of
+from services.gateway.protocol_common.openai_error import OpenAIError
+from services.gateway.responses.protocol import ResponseRequest, parse_response_request
+from services.gateway.responses.serving import ResponsesServing
+
+TRANSPORT_FIELDS = ("stream", "background", "stream_options")
+
+
+def _error(err: OpenAIError) -> dict[str, Any]:
+    """The spec's WebSocketErrorEvent; its `code` is required, so errors without one carry their type."""
+    return {"type": "error", "status": err.status, "error": {**err.body()["error"], "code": err.code or err.type}}
+
+
+class ResponsesSocket:
+    def __init__(self, serving: ResponsesServing, ws: WebSocket) -> None:
+        self.serving, self.ws = serving, ws
+        self.identity = identity_of(ws)
+        self.latest: tuple[str, list[dict[str, Any]]] | None = None  # (response id, its conversation)
+
+    async def serve(self) -> None:
+        await self.ws.accept()
+        with contextlib.suppress(WebSocketDisconnect):
+            while True:
+                message = await self.ws.receive_text()
+                try:
+                    await self.turn(message)
+                except OpenAIError as e:
+                    await self.ws.send_json(_error(e))
+
+    def _parse(self, message: str) -> ResponseRequest:
+        try:
+            body = json.loads(message)
+        except ValueError:
+            raise OpenAIError(400, "Messages must be JSON objects.") from None
+        if not isinstance(body, dict) or body.get("type") != "response.create":
+            raise OpenAIError(400, "Expected a 'response.create' message.", param="type")
+        for name in TRANSPORT_FIELDS:
+            if name in body:
+                raise OpenAIError(400, f"'{name}' is not used over a WebSocket: every response is streamed on "
+                                  "the socket, and background responses are not supported here.", param=name)
+        body.pop("type")
+        return parse_response_request(body)
+
+    def _history(self, previous_id: str | None) -> list[dict[str, Any]] | None:
+        if not previous_id:
+            return []
+        if self.latest is not None and self.latest[0] == previous_id:
+            return self.latest[1]
+        return None  # not this socket's latest: only a stored response of this caller will do
+
+    async def turn(self, message: str) -> None:
+        req = self._parse(message)
+        try:
+            turn = await self.serving.prepare(req, self.identity, history=self._history(req.previous_response_id))
+            generation = await self.serving.open(turn)
+        except OpenAIError:
+            self._drop(req.previous_response_id)  # refused, or the call failed before its first event
+            raise
+        # aclosing: a socket that closes mid-turn ends the generator now, which cancels the call
+        async with contextlib.aclosing(self.serving.stream(turn, generation)) as batches:
+            async for batch in batches:
+                for event in batch:
+                    await self.ws.send_json(event)
+        if turn.encoder.status == "failed":
+            self._drop(req.previous_response_id)
+        else:
+            self.latest = (turn.encoder.id, turn.conversation)
+
+    def _drop(self, previous_id: str | None) -> None:
+        """A failed continuation takes its cached parent with it."""
+        if previous_id and self.latest is not None and self.latest[0] == previous_id:
+            self.latest = None

@@ -1,0 +1,107 @@
+"""`/v1/responses` through the real app over real sockets (harness: tests/unit/gateway_harness.py),
+with an in-process state service (memory store) and worker replicas around the engine double.
+Every object the edge emits here (responses, compaction results, stream events, WebSocket
+messages) is checked against the saved Open Responses schema (tests/openresponses.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+
+from services.gateway.responses.compaction import CompactionCodec
+from services.gateway.responses.router import enable_responses
+from services.gateway.responses.serving import ResponsesServing
+from services.state.client import StateClient
+from services.state.deployment import start_state_server
+from tests.openresponses import check_compaction, check_events, check_response, check_socket_turn
+from tests.unit.gateway_harness import MODEL, Gateway
+
+pytest_plugins = ("tests.unit.gateway_fixtures",)  # its fixtures: gateway, workers, client
+pytestmark = pytest.mark.timeout(60)
+TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+
+
+@pytest.fixture
+def max_model_len() -> int:
+    return 1024  # compaction asks for a 256-token summary
+
+
+@pytest.fixture(scope="module")
+async def responses(gateway: Gateway) -> AsyncIterator[ResponsesServing]:
+    """The Responses API enabled on the module's gateway, over a memory state service."""
+    server, port = await start_state_server("memory://", "127.0.0.1", 0, sweep_interval_s=None)
+
+    def enable() -> ResponsesServing:  # on the server's loop: the state client's channel lives there
+        serving = ResponsesServing(gateway.table, StateClient(f"127.0.0.1:{port}"), "gw-test", CompactionCodec())
+        enable_responses(gateway.app, serving)
+        return serving
+    serving = await gateway.on_loop(enable)
+    yield serving
+    await gateway.on_loop(lambda: enable_responses(gateway.app, None))
+    await server.stop(0)
+
+
+async def create(client: httpx.AsyncClient, **body: Any) -> httpx.Response:
+    return await client.post("/v1/responses", json={"model": MODEL, **body})
+
+
+async def test_responses_and_their_events_follow_the_spec(responses, workers, client):
+    r = await create(client, input="say hi")
+    assert r.status_code == 200, r.text
+    check_response(r.json())
+    check_response((await client.get(f"/v1/responses/{r.json()['id']}")).json())
+    async with client.stream("POST", "/v1/responses", json={"model": MODEL, "input": "hi", "stream": True}) as s:
+        lines = [line async for line in s.aiter_lines()]
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    check_events(events)
+    assert [line for line in lines if line][-1] == "data: [DONE]"
+
+
+async def test_compaction_results_follow_the_spec(responses, workers, client):
+    first = await create(client, input="remember the word blue")
+    assert first.status_code == 200, first.text
+    r = await client.post("/v1/responses/compact", json={"model": MODEL, "previous_response_id": first.json()["id"],
+                                                          "input": [{"role": "user", "content": "and red"}]})
+    assert r.status_code == 200, r.text
+    compacted = check_compaction(r.json())
+    assert [i["type"] for i in compacted["output"]] == ["message", "message", "compaction"]
+    assert all(i["status"] == "completed" for i in compacted["output"] if i["type"] == "message")
+
+
+async def test_an_output_for_no_call_fails_the_turn(responses, workers, client):
+    stray = {"type": "function_call_output", "call_id": "call_nope", "output": "42"}
+    r = await create(client, input=[{"role": "user", "content": "hi"}, stray])
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["type"], err["param"]) == ("invalid_request_error", "input[1].call_id")
+    assert "call_nope" in err["message"]
+    previous = await create(client, input="hi")
+    r = await create(client, input=[stray], previous_response_id=previous.json()["id"])
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "input[0].call_id")
+
+
+async def socket_turn(ws: ClientConnection, **body: Any) -> list[dict[str, Any]]:
+    await ws.send(json.dumps({"type": "response.create", "model": MODEL, **body}))
+    messages: list[dict[str, Any]] = []
+    while not messages or not (messages[-1]["type"] in TERMINAL or "status" in messages[-1]):
+        messages.append(json.loads(await ws.recv()))
+    check_socket_turn(messages)
+    return messages
+
+
+async def test_a_failed_socket_continuation_evicts_its_parent(responses, workers, gateway):
+    async with connect(f"ws://127.0.0.1:{gateway.http.port}/v1/responses") as ws:
+        first = await socket_turn(ws, input="hi", store=False)
+        rid = first[-1]["response"]["id"]
+        stray = {"type": "function_call_output", "call_id": "call_nope", "output": "42"}
+        failed = await socket_turn(ws, input=[stray], store=False, previous_response_id=rid)
+        assert (failed[-1]["status"], failed[-1]["error"]["param"]) == (400, "input[0].call_id")
+        gone = await socket_turn(ws, input="again", store=False, previous_response_id=rid)
+        assert gone[-1]["error"]["code"] == "previous_response_not_found"
+        refused = await socket_turn(ws, input="x", stream=True)  # an error without a code still has one
+        assert refused[-1]["error"]["param"] == "stream"
