@@ -1,4 +1,6 @@
-"""The `mship.coordinator.v1.Coordinator` servicer: deploys, leases, registrations, routing watch."""
+"""The `mship.coordinator.v1.Coordinator` servicer: deploys, leases, registrations, routing watch.
+
+Refusals are raised as `ServiceError`; the server's interceptor turns them into the call's status."""
 
 from __future__ import annotations
 
@@ -10,58 +12,45 @@ import grpc
 
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from mship.coordinator.v1 import coordinator_pb2_grpc
-from services.common.errors import Reason, ServiceError, abort_with, invalid_parameter
-from services.coordinator import serve_control
+from services.common.errors import Reason, ServiceError, invalid_parameter
+from services.common.vocabulary import LOADER_NAMES, loader_not_implemented
+from services.coordinator.deploy_log import DeployRecord
 from services.coordinator.deployer import Deployer
 from services.coordinator.fingerprint import version_of
 from services.coordinator.leases import LeaseManager
-from services.coordinator.routing import RoutingTable
+from services.coordinator.registry import ReplicaRegistry
+from services.coordinator.serve_control import ServeControl
 
 log = logging.getLogger(__name__)
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
-    def __init__(self, table: RoutingTable, deployer: Deployer, leases: LeaseManager,
+    def __init__(self, registry: ReplicaRegistry, deployer: Deployer, leases: LeaseManager, serve: ServeControl,
                  heartbeat_interval_s: float = 1.0, keepalive_s: float = 5.0) -> None:
-        self.table, self.deployer, self.leases = table, deployer, leases
+        self.registry, self.deployer, self.leases, self.serve = registry, deployer, leases, serve
         self.heartbeat_interval_s = heartbeat_interval_s
         self.keepalive_s = keepalive_s
         # Held back after a restart until the running replicas have re-registered, so that no
-        # subscriber ever receives a blank table from a coordinator that has not caught up yet.
+        # subscriber ever receives a blank snapshot from a coordinator that has not caught up yet.
         self.routing_ready = asyncio.Event()
 
     # ---- deploys -----------------------------------------------------------------------------
     async def Deploy(self, request: pb.DeployRequest, context) -> AsyncIterator[pb.DeployEvent]:
-        try:
-            if request.use_committed and request.models:
-                raise invalid_parameter("models", "use_committed deploys the stored set: pass no models")
-            names = [spec.name for spec in request.models]
-            if len(set(names)) != len(names):
-                raise invalid_parameter("models", "model names must be distinct")
-            if not request.models and request.mode != pb.DEPLOY_MODE_RECONCILE:
-                raise invalid_parameter("models", "an additive deploy needs at least one model")
-        except ServiceError as e:
-            await abort_with(context, e)
+        _check_deploy(request)
         record = self.deployer.start(request)
         async for event in record.follow():  # closing this stream stops following, not the deploy
             yield event
 
     async def GetDeployment(self, request: pb.GetDeploymentRequest, context) -> pb.Deployment:
-        record = self.deployer.records.get(request.deploy_id or self.deployer.latest)
-        if record is None:
-            await abort_with(context, _not_found(f"no deploy {request.deploy_id!r}"))
-        return record.to_proto()
+        return _found(self.deployer.get(request.deploy_id), request.deploy_id).to_proto()
 
     async def CancelDeploy(self, request: pb.CancelDeployRequest, context) -> pb.Deployment:
-        record = await self.deployer.cancel(request.deploy_id)
-        if record is None:
-            await abort_with(context, _not_found(f"no deploy {request.deploy_id!r}"))
-        return record.to_proto()
+        return _found(await self.deployer.cancel(request.deploy_id), request.deploy_id).to_proto()
 
     # ---- leases ------------------------------------------------------------------------------
     async def AcquireLease(self, request: pb.AcquireLeaseRequest, context) -> pb.Lease:
         if not request.node_id or not request.holder or request.ttl_s <= 0:
-            await abort_with(context, invalid_parameter("node_id", "node_id, holder and ttl_s > 0 are required"))
+            raise invalid_parameter("node_id", "node_id, holder and ttl_s > 0 are required")
         lease = await self.leases.acquire(request.node_id, request.holder, request.ttl_s, request.wait_s)
         if lease is None:
             return pb.Lease(granted=False, node_id=request.node_id)
@@ -86,42 +75,59 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     async def RegisterReplica(self, request: pb.RegisterReplicaRequest, context) -> pb.RegisterReplicaResponse:
         info = request.replica
         if not info.replica_id or not info.model or not info.endpoint.port:
-            await abort_with(context, invalid_parameter("replica", "replica_id, model and endpoint are required"))
+            raise invalid_parameter("replica", "replica_id, model and endpoint are required")
         if not info.version and info.HasField("spec"):
             info.version = version_of(info.spec)
-        await self.table.register(info)
+        await self.registry.register(info)
         return pb.RegisterReplicaResponse(heartbeat_interval_s=self.heartbeat_interval_s)
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
         if request.leaving:
-            await self.table.unregister(request.replica_id)
+            await self.registry.unregister(request.replica_id)
             return pb.HeartbeatResponse(known=False)
-        return pb.HeartbeatResponse(known=self.table.heartbeat(request.replica_id, request.inflight_calls))
+        return pb.HeartbeatResponse(known=self.registry.heartbeat(request.replica_id, request.inflight_calls))
 
     async def WatchRouting(self, request: pb.WatchRoutingRequest, context) -> AsyncIterator[pb.RoutingUpdate]:
         await self.routing_ready.wait()
         known = request.known_version
         while True:
-            if self.table.version != known:  # stale (or from an older coordinator): full snapshot
-                snapshot = self.table.snapshot()
+            if self.registry.version != known:  # stale (or from an older coordinator): full snapshot
+                snapshot = self.registry.snapshot()
                 known = snapshot.version
                 yield pb.RoutingUpdate(snapshot=snapshot)
-            elif not await self.table.wait_newer(known, self.keepalive_s):
+            elif not await self.registry.wait_newer(known, self.keepalive_s):
                 yield pb.RoutingUpdate(keepalive=pb.Keepalive(version=known))
 
     async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
-        out = pb.ListModelsResponse(routing_version=self.table.version)
-        for name in sorted(self.deployer.running):
-            model = self.deployer.running[name]
+        out = pb.ListModelsResponse(routing_version=self.registry.version)
+        for model in self.deployer.running_models():
             out.models.append(pb.ModelInfo(spec=model.spec, version=model.version, app_name=model.app,
-                                           ready_replicas=len(self.table.live(name, model.version)),
+                                           ready_replicas=len(self.registry.live(model.spec.name, model.version)),
                                            load_time_s=model.load_time_s))
         if request.include_serve_apps:
-            for name, app in sorted((await serve_control.model_apps()).items()):
+            for name, app in sorted((await self.serve.model_apps()).items()):
                 out.apps.append(pb.ServeApp(name=name, status=app.status, running_replicas=app.running_replicas,
                                             target_replicas=app.target_replicas))
         return out
 
 
-def _not_found(message: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.NOT_FOUND, Reason.NOT_FOUND, message)
+def _check_deploy(request: pb.DeployRequest) -> None:
+    """Refuse a deploy that cannot be right before anything runs."""
+    if request.use_committed and request.models:
+        raise invalid_parameter("models", "use_committed deploys the stored set: pass no models")
+    names = [spec.name for spec in request.models]
+    if len(set(names)) != len(names):
+        raise invalid_parameter("models", "model names must be distinct")
+    if not request.models and request.mode != pb.DEPLOY_MODE_RECONCILE:
+        raise invalid_parameter("models", "an additive deploy needs at least one model")
+    for i, spec in enumerate(request.models):
+        loader = LOADER_NAMES.get(spec.loader)  # unspecified: the default (vllm)
+        why = loader_not_implemented(loader) if loader is not None else None
+        if why is not None:
+            raise invalid_parameter(f"models[{i}].loader", why)
+
+
+def _found(record: DeployRecord | None, deploy_id: str) -> DeployRecord:
+    if record is None:
+        raise ServiceError(grpc.StatusCode.NOT_FOUND, Reason.NOT_FOUND, f"no deploy {deploy_id!r}")
+    return record

@@ -20,10 +20,12 @@ from mship.coordinator.v1 import coordinator_pb2 as pb
 from mship.coordinator.v1 import coordinator_pb2_grpc
 from services.coordinator.deployer import Deployer
 from services.coordinator.leases import LeaseManager
-from services.coordinator.routing import RoutingTable
+from services.coordinator.registry import ReplicaRegistry
+from services.coordinator.server import coordinator_server
 from services.coordinator.servicer import CoordinatorServicer
 from services.worker.registration import node_lease
 from tests.platform_process import ROOT
+from tests.serve_control_fake import FakeServe
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 TTL_S = 1.0
@@ -44,11 +46,10 @@ asyncio.run(main(sys.argv[1], float(sys.argv[2])))
 
 @pytest.fixture
 async def coordinator() -> AsyncIterator[str]:
-    table = RoutingTable(heartbeat_timeout_s=3.5)
-    servicer = CoordinatorServicer(table, Deployer(table, "unused"), LeaseManager())
-    server = grpc.aio.server()
-    coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    registry = ReplicaRegistry(heartbeat_timeout_s=3.5)
+    serve = FakeServe(registry)  # deploys are not under test here
+    servicer = CoordinatorServicer(registry, Deployer(registry, serve, "unused"), LeaseManager(), serve)
+    server, port = coordinator_server(servicer, "127.0.0.1:0")
     await server.start()
     try:
         yield f"127.0.0.1:{port}"

@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from mship.coordinator.v1 import coordinator_pb2 as pb
-from services.coordinator.deployer import failure_reason
+from services.coordinator.executor import failure_reason
 from services.coordinator.leases import HISTORY, LeaseManager
 
 SERVE_FAILURE = """The deployment failed to start 3 times in a row. This may be due to a problem with its \

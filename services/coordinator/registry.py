@@ -1,6 +1,8 @@
-"""The routing table: model name -> live worker endpoints of its active version, versioned.
+"""The replica registry: the coordinator's authoritative record of live worker replicas and of
+the version each model routes to, from which it makes the versioned routing snapshots that
+gateways subscribe to (their view of those is `services.common.routes.RouteTable`).
 
-Workers register and heartbeat; one that misses heartbeats leaves the table. Every change bumps
+Workers register and heartbeat; one that misses heartbeats leaves the registry. Every change bumps
 the version and wakes the watchers (a compact push protocol in the spirit of Serve's long_poll).
 Versions start from the wall clock in milliseconds, so a restarted coordinator's versions are
 always newer than anything a subscriber holds.
@@ -30,7 +32,7 @@ class Replica:
     inflight: int = 0
 
 
-class RoutingTable:
+class ReplicaRegistry:
     def __init__(self, heartbeat_timeout_s: float = 3.0) -> None:
         self.version = int(time.time() * 1000)
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -83,8 +85,11 @@ class RoutingTable:
         await self._bump()
 
     # ---- reads -----------------------------------------------------------------------------
+    def replicas_of(self, name: str, version: str) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.info.model == name and r.info.version == version]
+
     def live(self, name: str, version: str) -> list[pb.ReplicaInfo]:
-        return [r.info for r in self.replicas.values() if r.info.model == name and r.info.version == version]
+        return [r.info for r in self.replicas_of(name, version)]
 
     def snapshot(self) -> pb.RoutingSnapshot:
         snap = pb.RoutingSnapshot(version=self.version)

@@ -1,0 +1,169 @@
+"""Carrying out a plan on Serve (through an injected `ServeControl`), reporting to a deploy record.
+
+Removed models stop routing before their replicas go; a rescale changes the live deployment in
+place (a failed one goes back to the old count); a new version loads beside the old one, the
+route switches once it runs, then the old one drains and is deleted; a failed new version is
+deleted and the old one keeps serving. `restore` goes back to an earlier running set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+
+from mship.common.v1 import common_pb2
+from mship.coordinator.v1 import coordinator_pb2 as pb
+from services.coordinator.deploy_log import DeployRecord
+from services.coordinator.fingerprint import app_name
+from services.coordinator.planner import Plan, RunningModel, needs_serve_targets, plan_deploy
+from services.coordinator.registry import ActiveModel, ReplicaRegistry
+from services.coordinator.serve_control import ServeControl
+
+log = logging.getLogger(__name__)
+Phase = pb.ModelPhase
+DEFAULT_LOAD_TIMEOUT_S = 900.0
+
+
+class Executor:
+    def __init__(self, registry: ReplicaRegistry, serve: ServeControl, coordinator_address: str,
+                 load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S, drain_poll_s: float = 0.2) -> None:
+        self.registry, self.serve = registry, serve
+        self.coordinator_address = coordinator_address
+        self.running: dict[str, RunningModel] = {}
+        self.load_timeout_s = load_timeout_s
+        self.drain_poll_s = drain_poll_s
+        self._pending_apps: set[str] = set()  # submitted, neither switched to nor deleted yet
+        self._submitting: asyncio.Future | None = None
+
+    async def plan(self, request: pb.DeployRequest) -> Plan:
+        targets = {}
+        if needs_serve_targets(self.running):
+            targets = {name: app.target_replicas for name, app in (await self.serve.model_apps()).items()}
+        return plan_deploy(self.running, request, targets)
+
+    async def restore(self, record: DeployRecord, before: dict[str, RunningModel]) -> None:
+        """Back to `before`: new apps still loading are deleted; scale changes are undone in place;
+        models switched, added or removed by the deploy are reconciled back."""
+        if self._submitting is not None:
+            await asyncio.wait({self._submitting})
+        for app in sorted(self._pending_apps):
+            await self.serve.delete(app)
+        self._pending_apps.clear()
+        plan = await self.plan(pb.DeployRequest(models=[m.spec for m in before.values()],
+                                                mode=pb.DEPLOY_MODE_RECONCILE))
+        await self.apply(record, plan)
+
+    async def apply(self, record: DeployRecord, plan: Plan) -> bool:
+        """Carry out `plan`; False when some model failed (it kept its old version or count)."""
+        for name in plan.unchanged:
+            current = self.running[name]
+            record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_UNCHANGED))
+        for name in plan.remove:  # first: the room it frees is there for the new models
+            await self._remove(record, name)
+        for name, spec in plan.rescale.items():
+            if not await self._rescale(record, name, spec):
+                return False
+        if not plan.add:
+            return True
+        apps = {app_name(spec, version): (spec, version) for spec, version in plan.add.values()}
+        for spec, version in plan.add.values():
+            record.emit(model=self._progress(spec.name, version, Phase.MODEL_PHASE_SCHEDULED))
+        t0 = time.monotonic()
+        self._pending_apps.update(apps)
+        # Shielded: Serve's call runs in a thread that a cancel cannot stop, and a restore must not
+        # delete the apps before that thread has created them.
+        self._submitting = asyncio.ensure_future(self.serve.submit(apps, self.coordinator_address))
+        await asyncio.shield(self._submitting)
+        results = await asyncio.gather(*[self._await_ready(record, app, spec, version, t0, plan.drain_timeout_s)
+                                         for app, (spec, version) in apps.items()])
+        return all(results)
+
+    async def _rescale(self, record: DeployRecord, name: str, spec: common_pb2.ModelSpec) -> bool:
+        current = self.running[name]
+        in_place = not spec.HasField("autoscaling") and not current.spec.HasField("autoscaling")
+        if in_place:
+            await self.serve.rescale(current.app, spec.num_replicas)
+        else:  # Serve's own autoscaling config changes only through a redeploy (replicas restart)
+            await self.serve.submit({current.app: (spec, current.version)}, self.coordinator_address)
+        self.running[name] = RunningModel(spec, current.version, current.app, current.load_time_s)
+        record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_LOADING))
+        if not await self._await_replicas(name, current.version, spec, self.load_timeout_s):
+            self.running[name] = current  # back to the count that served before
+            if in_place:
+                await self.serve.rescale(current.app, current.spec.num_replicas)
+            record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_FAILED,
+                                             reason="the replica count was not reached in time"))
+            return False
+        record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_RESCALED))
+        return True
+
+    async def _await_ready(self, record: DeployRecord, app: str, spec: common_pb2.ModelSpec, version: str,
+                           t0: float, drain_timeout_s: float) -> bool:
+        record.emit(model=self._progress(spec.name, version, Phase.MODEL_PHASE_LOADING))
+        state = await self.serve.wait_app(app, self.load_timeout_s)
+        if state.status != "RUNNING":
+            await self.serve.delete(app)  # roll back: the old version (if any) never stopped serving
+            self._pending_apps.discard(app)
+            record.emit(model=self._progress(spec.name, version, Phase.MODEL_PHASE_FAILED,
+                                             reason=failure_reason(state.message) or state.status))
+            return False
+        old = self.running.get(spec.name)
+        self.running[spec.name] = RunningModel(spec, version, app, time.monotonic() - t0)
+        self._pending_apps.discard(app)
+        # One routing version switches the model to its new replicas...
+        await self.registry.set_active(spec.name, ActiveModel(version, spec.usecase, spec.max_model_len))
+        record.emit(model=self._progress(spec.name, version, Phase.MODEL_PHASE_READY))
+        if old is not None and old.app != app:  # ...then the old version drains and goes
+            await self._drain(spec.name, old.version, drain_timeout_s)
+            await self.serve.delete(old.app)
+        return True
+
+    async def _await_replicas(self, name: str, version: str, spec: common_pb2.ModelSpec, timeout_s: float) -> bool:
+        """Wait until the registry holds the spec's replica count (autoscaled: its minimum)."""
+        autoscaled = spec.HasField("autoscaling")
+        want = max(1, spec.autoscaling.min_replicas if autoscaled else spec.num_replicas)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            n = len(self.registry.live(name, version))
+            if n >= want if autoscaled else n == want:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await self.registry.wait_newer(self.registry.version, max(0.1, deadline - time.monotonic()))
+
+    async def _drain(self, name: str, version: str, timeout_s: float) -> None:
+        """Wait until the old version's replicas report no call in flight in a heartbeat sent after
+        the switch (so no gateway still starts calls there), or until the drain timeout."""
+        switched = time.monotonic()
+        deadline = switched + timeout_s
+        while time.monotonic() < deadline:
+            if all(r.last_seen > switched and r.inflight == 0 for r in self.registry.replicas_of(name, version)):
+                return
+            await asyncio.sleep(self.drain_poll_s)  # heartbeats carry no wake-up: poll them
+        log.warning("%s %s: drain timed out after %.0fs; stopping it with calls in flight", name, version, timeout_s)
+
+    async def _remove(self, record: DeployRecord, name: str) -> None:
+        current = self.running.pop(name)
+        await self.registry.set_active(name, None)  # stop routing before the replicas go
+        record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_REMOVING))
+        await self.serve.delete(current.app)
+        record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_REMOVED))
+
+    def _progress(self, name: str, version: str, phase: int, reason: str = "") -> pb.ModelProgress:
+        running = self.running.get(name)
+        target = running.spec.num_replicas if running else 0
+        return pb.ModelProgress(name=name, version=version, phase=phase, reason=reason,
+                                ready_replicas=len(self.registry.live(name, version)), target_replicas=target)
+
+
+def failure_reason(message: str) -> str:
+    """Serve's message about a replica that failed to start, down to what the operator needs: its
+    first sentence and the exception at the end of the traceback it carries."""
+    if "Traceback" not in message:
+        return message.strip()
+    head = message.split("Traceback", 1)[0].strip().split(". ")[0].rstrip(".:")
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b.*:", line)]
+    return f"{head}: {errors[-1] if errors else lines[-1]}"

@@ -1,0 +1,151 @@
+"""The real Deployer against a fake Serve: apply, blue-green switch with drain, rescale in place,
+rollback of a failed version or rescale, drift, reconcile and the committed set."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from mship.coordinator.v1 import coordinator_pb2 as pb
+from services.coordinator.fingerprint import app_name, version_of
+from tests.helpers import until
+from tests.serve_control_fake import DeployRig, messages, phases
+from tests.serve_control_fake import model_spec as spec
+
+Phase = pb.ModelPhase
+SERVE_FAILURE = """The deployment failed to start 3 times in a row. This may be due to a problem with its \
+constructor or initial health check failing. Error:
+Traceback (most recent call last):
+  File "/work/services/worker/host.py", line 52, in resolve_model
+FileNotFoundError: model path /nope does not exist on this node"""
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[DeployRig]:
+    async with DeployRig() as rig:
+        yield rig
+
+
+async def test_a_new_model_loads_routes_and_is_committed(rig):
+    record = await rig.deploy(spec("a", replicas=2))
+    assert record.state == pb.DEPLOY_STATE_SUCCEEDED and record.error == ""
+    assert phases(record) == {"a": Phase.MODEL_PHASE_READY}
+    app = app_name(spec("a"))
+    assert rig.serve.calls == [("submit", app)]
+    assert rig.route("a") == version_of(spec("a")) and len(rig.registry.live("a", rig.route("a"))) == 2
+    assert [m.app for m in rig.deployer.running_models()] == [app]
+    assert rig.commits == [[spec("a", replicas=2)]]
+    assert messages(record)[0] == "started" and messages(record)[-1] == "done"
+
+
+async def test_the_same_config_again_changes_nothing(rig):
+    await rig.deploy(spec("a"))
+    record = await rig.deploy(spec("a"))
+    assert record.state == pb.DEPLOY_STATE_SUCCEEDED and phases(record) == {"a": Phase.MODEL_PHASE_UNCHANGED}
+    assert rig.serve.calls == [("submit", app_name(spec("a")))]
+
+
+async def test_a_new_version_switches_then_the_old_one_drains_and_goes(rig):
+    await rig.deploy(spec("a"))
+    old_app, v1, v2 = app_name(spec("a")), version_of(spec("a")), version_of(spec("a", 768))
+    (old_replica,) = rig.registry.live("a", v1)
+    rig.serve.inflight[old_replica.replica_id] = 2  # calls still in flight on the old version
+    record = rig.start(spec("a", 768), drain_timeout_s=30)
+    await until(lambda: rig.route("a") == v2, "the route switches to the new version")
+    assert record.models["a"].phase == Phase.MODEL_PHASE_READY and not record.finished
+    assert old_app in rig.serve.apps  # draining: not deleted while its calls run
+    rig.serve.inflight[old_replica.replica_id] = 0
+    await asyncio.wait({record.task})
+    assert record.state == pb.DEPLOY_STATE_SUCCEEDED
+    assert rig.serve.calls[1:] == [("submit", app_name(spec("a", 768))), ("delete", old_app)]
+    assert rig.serve.app_of("a") == [app_name(spec("a", 768))] and rig.registry.live("a", v1) == []
+
+
+async def test_a_failed_version_is_torn_down_and_the_old_one_keeps_serving(rig):
+    await rig.deploy(spec("a"))
+    rig.serve.fail("/nope", SERVE_FAILURE)
+    record = await rig.deploy(spec("a", 768, model="/nope"))
+    assert record.state == pb.DEPLOY_STATE_FAILED and phases(record) == {"a": Phase.MODEL_PHASE_FAILED}
+    assert record.error == ("a: The deployment failed to start 3 times in a row: "
+                            "FileNotFoundError: model path /nope does not exist on this node")  # shortened
+    failed_app = app_name(spec("a", 768, model="/nope"))
+    assert rig.serve.calls[-2:] == [("submit", failed_app), ("delete", failed_app)]
+    assert rig.route("a") == version_of(spec("a")) and rig.serve.app_of("a") == [app_name(spec("a"))]
+    assert rig.commits == [[spec("a")]]  # nothing changed: the committed set stays
+
+
+async def test_a_partial_failure_commits_what_runs_now(rig):
+    rig.serve.fail("/nope", SERVE_FAILURE)
+    record = await rig.deploy(spec("a"), spec("b", model="/nope"))
+    assert record.state == pb.DEPLOY_STATE_FAILED and record.error.startswith("b: ")
+    assert phases(record) == {"a": Phase.MODEL_PHASE_READY, "b": Phase.MODEL_PHASE_FAILED}
+    assert rig.commits == [[spec("a")]]
+
+
+async def test_a_scale_change_rescales_in_place(rig):
+    await rig.deploy(spec("a"))
+    app = app_name(spec("a"))
+    (first,) = rig.registry.live("a", version_of(spec("a")))
+    record = await rig.deploy(spec("a", replicas=3))
+    assert record.state == pb.DEPLOY_STATE_SUCCEEDED and phases(record) == {"a": Phase.MODEL_PHASE_RESCALED}
+    assert rig.serve.calls[1:] == [("rescale", app, 3)]
+    live = rig.registry.live("a", version_of(spec("a")))
+    assert len(live) == 3 and first in live  # the running replica stayed
+    assert record.models["a"].ready_replicas == 3 == record.models["a"].target_replicas
+    assert rig.commits[-1] == [spec("a", replicas=3)]
+
+
+async def test_an_autoscaling_change_redeploys_the_same_app(rig):
+    await rig.deploy(spec("a"))
+    record = await rig.deploy(spec("a", autoscaled=True))
+    assert record.state == pb.DEPLOY_STATE_SUCCEEDED and phases(record) == {"a": Phase.MODEL_PHASE_RESCALED}
+    assert rig.serve.calls[1:] == [("submit", app_name(spec("a")))]
+
+
+async def test_a_rescale_that_is_not_reached_in_time_goes_back_to_the_old_count():
+    async with DeployRig(load_timeout_s=0.05) as rig:
+        await rig.deploy(spec("a"))
+        app = app_name(spec("a"))
+        rig.serve.hold("a")  # the new replicas never come up
+        record = await rig.deploy(spec("a", replicas=2))
+        assert record.state == pb.DEPLOY_STATE_FAILED
+        assert record.error == "a: the replica count was not reached in time"
+        assert rig.serve.calls[1:] == [("rescale", app, 2), ("rescale", app, 1)]
+        assert [m.spec.num_replicas for m in rig.deployer.running_models()] == [1]
+        assert rig.commits == [[spec("a")]]
+
+
+async def test_the_same_config_restores_a_drifted_replica_count(rig):
+    await rig.deploy(spec("a", replicas=2))
+    app = app_name(spec("a"))
+    await rig.serve.drift(app, 1)
+    record = await rig.deploy(spec("a", replicas=2))
+    assert record.state == pb.DEPLOY_STATE_SUCCEEDED and phases(record) == {"a": Phase.MODEL_PHASE_RESCALED}
+    assert rig.serve.calls[-1] == ("rescale", app, 2) and rig.serve.apps[app].target == 2
+    assert len(rig.registry.live("a", version_of(spec("a")))) == 2
+
+
+async def test_reconcile_stops_routing_then_removes_what_the_set_omits(rig):
+    await rig.deploy(spec("a"), spec("b"))
+    record = await rig.deploy(spec("a"), reconcile=True)
+    assert phases(record) == {"a": Phase.MODEL_PHASE_UNCHANGED, "b": Phase.MODEL_PHASE_REMOVED}
+    assert rig.route("b") is None and rig.serve.app_of("b") == []
+    assert rig.serve.calls[-1] == ("delete", app_name(spec("b")))
+    assert [m.spec.name for m in rig.deployer.running_models()] == ["a"] and rig.commits[-1] == [spec("a")]
+
+
+async def test_use_committed_brings_back_the_stored_set(rig):
+    await rig.deploy(spec("a"), spec("b"))
+    rig.commits.append([spec("a")])  # the state service holds another set (e.g. after a restart)
+    record = await rig.deploy(use_committed=True)
+    assert record.state == pb.DEPLOY_STATE_SUCCEEDED and "the committed set: a" in messages(record)
+    assert [m.spec.name for m in rig.deployer.running_models()] == ["a"]
+
+
+async def test_a_commit_that_fails_fails_the_deploy_and_closes_its_record(rig):
+    rig.commit_error = ConnectionError("state service down")
+    record = await rig.deploy(spec("a"))
+    assert record.state == pb.DEPLOY_STATE_FAILED and "state service down" in record.error
+    assert record.events.closed and rig.route("a") == version_of(spec("a"))  # what runs stays
