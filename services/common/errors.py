@@ -62,12 +62,6 @@ def _pack(msg) -> any_pb2.Any:
     return out
 
 
-async def abort_with(context: grpc.aio.ServicerContext, err: ServiceError) -> None:
-    """End the call with `err` as its status (raises, like context.abort). Deprecated: raise the
-    error and let the ErrorInterceptor map it; this goes once its last caller has."""
-    await context.abort_with_status(err.to_status())
-
-
 @dataclass
 class ErrorDetails:
     """What a client reads off a failed call."""
