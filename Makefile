@@ -41,6 +41,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 bench: install models
+	$(PY) bench/interceptor_overhead.py --json bench/results/interceptor_overhead.json
 	$(PY) bench/worker_overhead.py --json bench/results/worker_overhead.json
 	$(PY) bench/edge_overhead.py --json bench/results/edge_overhead.json
 	$(PY) bench/responses_state.py --json bench/results/responses_state.json
