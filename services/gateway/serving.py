@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from mship.worker.v1 import worker_pb2 as pb
@@ -15,7 +15,7 @@ from services.common.infer import UpstreamError
 from services.common.routes import RouteTable
 from services.gateway.edge.disconnect import ClientDisconnected, unless_disconnected
 from services.gateway.edge.errors import CLIENT_CLOSED
-from services.gateway.edge.sse import SSE_DONE, SSE_HEADERS, sse_event
+from services.gateway.edge.sse import SSE_DONE, EventStreamResponse, sse_event
 from services.gateway.generation import Generation, check_routed, open_generation
 from services.gateway.identity import cache_salt_for, identity_of
 from services.gateway.protocol_common.openai_error import OpenAIError
@@ -79,7 +79,7 @@ async def serve_generation(http: Request, table: RouteTable, call: GenerationCal
         generation = await unless_disconnected(http, opening)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
-    return StreamingResponse(_events(generation, responder), media_type="text/event-stream", headers=SSE_HEADERS)
+    return EventStreamResponse(_events(generation, responder), release=generation.close)
 
 
 async def _events(generation: Generation, encoder: StreamEncoder) -> AsyncIterator[bytes]:

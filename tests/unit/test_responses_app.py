@@ -105,3 +105,23 @@ async def test_a_failed_socket_continuation_evicts_its_parent(responses, workers
         assert gone[-1]["error"]["code"] == "previous_response_not_found"
         refused = await socket_turn(ws, input="x", stream=True)  # an error without a code still has one
         assert refused[-1]["error"]["param"] == "stream"
+
+
+async def test_a_client_that_leaves_after_response_created_releases_the_worker_call(responses, workers, client):
+    """The engine parks before its last chunk; the client reads `response.created` and hangs up.
+    The workers fixture then requires every endpoint count back at 0 and both workers idle."""
+    for w in workers:
+        w.engine.hold.clear()
+    async with client.stream("POST", "/v1/responses", json={"model": MODEL, "input": "hi", "stream": True}) as s:
+        async for line in s.aiter_lines():
+            if line.startswith("data: {"):
+                assert json.loads(line[6:])["type"] == "response.created"
+                break
+
+
+async def test_a_socket_closed_after_response_created_releases_the_worker_call(responses, workers, gateway):
+    for w in workers:
+        w.engine.hold.clear()
+    async with connect(f"ws://127.0.0.1:{gateway.http.port}/v1/responses") as ws:
+        await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "store": False}))
+        assert json.loads(await ws.recv())["type"] == "response.created"

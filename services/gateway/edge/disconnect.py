@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable
 from typing import Any, Protocol, TypeVar
 
@@ -34,17 +33,22 @@ async def unless_disconnected(request: Receiver, work: Awaitable[T]) -> T:
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
-        await _cancel(task)
+        await _discard(task)
         raise
     finally:
         watcher.cancel()
     if task in done:
         return task.result()
-    await _cancel(task)
+    await _discard(task)
     raise ClientDisconnected()
 
 
-async def _cancel(task: asyncio.Future[Any]) -> None:
+async def _discard(task: asyncio.Future[Any]) -> None:
+    """Stop `task` and wait for it to end (without taking this task's own cancellation). A result
+    it produced anyway (it won the race) has nobody to use it: it is closed, if it can be."""
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    await asyncio.wait({task})
+    if not task.cancelled() and task.exception() is None:
+        close = getattr(task.result(), "close", None)
+        if callable(close):
+            close()

@@ -1,11 +1,15 @@
 """Server-sent event framing: chat and completions send `data:` lines only; Responses events also
-carry their `event:` line (the spec: it must match the body's `type`). Streams end with `[DONE]`."""
+carry their `event:` line (the spec: it must match the body's `type`). Streams end with `[DONE]`.
+`EventStreamResponse` sends one and releases the worker call behind it when it ends."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Protocol
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -22,7 +26,14 @@ def sse_response_event(event: Mapping[str, Any]) -> bytes:
     return f"event: {event['type']}\ndata: {data}\n\n".encode()
 
 
-async def sse_response_stream(batches: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
+class Batches(Protocol):
+    """Batches of events to send, closed by whoever sends them."""
+
+    def __aiter__(self) -> AsyncIterator[list[dict[str, Any]]]: ...
+    async def aclose(self) -> None: ...
+
+
+async def sse_response_stream(batches: Batches) -> AsyncIterator[bytes]:
     """Responses event batches as one event stream, then `[DONE]`. Closing this closes `batches`
     (Starlette closes it when the client disconnects), which cancels the worker call."""
     try:
@@ -30,5 +41,21 @@ async def sse_response_stream(batches: AsyncIterator[list[dict[str, Any]]]) -> A
             for event in batch:
                 yield sse_response_event(event)
     finally:
-        await batches.aclose()  # type: ignore[attr-defined]
+        await batches.aclose()
     yield SSE_DONE
+
+
+class EventStreamResponse(StreamingResponse):
+    """An event stream that calls `release` when the response ends, however it ends. A client that
+    leaves before the first byte makes Starlette skip the body, whose own `finally` then never runs:
+    without this, the worker call it streams would stay open (and its endpoint count held)."""
+
+    def __init__(self, body: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()

@@ -8,14 +8,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, WebSocket
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from services.gateway.edge.disconnect import ClientDisconnected, unless_disconnected
 from services.gateway.edge.errors import CLIENT_CLOSED
-from services.gateway.edge.sse import SSE_HEADERS, sse_response_stream
+from services.gateway.edge.sse import EventStreamResponse, sse_response_stream
 from services.gateway.identity import identity_of
 from services.gateway.protocol_common.openai_error import SERVER_ERROR, OpenAIError
 from services.gateway.responses.serving import Guard, ResponsesServing
+from services.gateway.responses.turns import EventBatches
 from services.gateway.responses.websocket import ResponsesSocket
 
 
@@ -31,11 +32,11 @@ def _serving(request: Request) -> ResponsesServing:
     return serving
 
 
-def _answer(result: dict[str, Any] | Any) -> Response:
+def _answer(result: dict[str, Any] | EventBatches) -> Response:
     """A JSON object, or event batches as an event stream."""
     if isinstance(result, dict):
         return JSONResponse(result)
-    return StreamingResponse(sse_response_stream(result), media_type="text/event-stream", headers=SSE_HEADERS)
+    return EventStreamResponse(sse_response_stream(result), release=result.release)
 
 
 async def _watched(request: Request, method: Callable[[bytes, str, Guard], Awaitable[Any]]) -> Response:

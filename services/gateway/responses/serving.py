@@ -24,12 +24,11 @@ from services.gateway.responses.protocol import ResponseRequest, parse_compact_r
 from services.gateway.responses.protocol import to_infer_request as infer_request
 from services.gateway.responses.protocol_events import ResponseStreamEncoder
 from services.gateway.responses.protocol_items import check_call_ids, to_messages
-from services.gateway.responses.turns import Events, Turn, run_turn
+from services.gateway.responses.turns import EventBatches, Events, Turn, run_turn
 from services.state.client import Conflict, NotFound, StateClient, StateError
 
 T = TypeVar("T")
 Guard = Callable[[Awaitable[Any]], Awaitable[Any]]
-EventBatches = AsyncIterator[Events]
 
 
 async def unguarded(work: Awaitable[T]) -> T:
@@ -76,15 +75,14 @@ class ResponsesServing:
                 except OpenAIError as e:
                     out = [*out[:-1], turn.encoder.error_event(e)]
             return out
-        return run_turn(turn.encoder, generation, store_then_end, opening=turn.encoder.start())
+        return EventBatches(run_turn(turn.encoder, generation, store_then_end, opening=turn.encoder.start()),
+                            generation)
 
-    async def _whole(self, turn: Turn, generation: Generation, *, store: bool) -> dict[str, Any]:
+    async def _whole(self, turn: Turn, generation: Generation) -> dict[str, Any]:
         """Run the turn to its end: the response object (a failed one is a 500)."""
         async def end(out: Events) -> Events:
             if turn.encoder.status == "failed":
                 raise internal_error()
-            if store:
-                await self._store(turn)
             return out
         async for _ in run_turn(turn.encoder, generation, end):
             pass
@@ -111,10 +109,15 @@ class ResponsesServing:
         generation = await guard(self.open(turn))
         if req.stream:
             return self.stream(turn, generation)
-        return await guard(self._whole(turn, generation, store=True))
+        response = await guard(self._whole(turn, generation))
+        await self._store(turn)  # not guarded: a client that leaves now does not lose what it made
+        return response
 
-    async def replay(self, identity: str, response_id: str, after: int) -> EventBatches:
+    def replay(self, identity: str, response_id: str, after: int) -> EventBatches:
         """A background run's events after sequence number `after`, each once, to the terminal one."""
+        return EventBatches(self._replay(identity, response_id, after))
+
+    async def _replay(self, identity: str, response_id: str, after: int) -> AsyncIterator[Events]:
         try:
             async for event in self.state.read_events(identity, response_id, after=after + 1, follow=True):
                 yield [replayed(event)]
@@ -215,5 +218,5 @@ class ResponsesServing:
                                               "instructions": req.instructions})
         turn = await self.prepare(summary_req, identity, history=conversation)
         generation = await guard(self.open(turn))
-        summary = await guard(self._whole(turn, generation, store=False))
+        summary = await guard(self._whole(turn, generation))
         return self.codec.compacted(conversation, summary)

@@ -4,7 +4,7 @@ or not), WebSocket turns, background runs and compaction alike."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,10 +45,10 @@ async def run_turn(encoder: ResponseStreamEncoder, generation: Generation, finis
     """Yield `opening` (if any), then each worker event's batch of stream events; the last batch
     holds the terminal event and passes through `finish` first (store the snapshot, write the run).
     A call that breaks, or ends without a Final, fails the response (an `error` event first for a
-    break). Closing this generator early cancels the worker call."""
-    if opening:
-        yield opening
+    break). Closing this generator early (also at `opening`) cancels the worker call."""
     try:
+        if opening:
+            yield opening
         async for event in generation:
             out = encoder.encode(event)
             if encoder.done:
@@ -62,3 +62,24 @@ async def run_turn(encoder: ResponseStreamEncoder, generation: Generation, finis
     finally:
         generation.close()
     yield await finish(out)
+
+
+class EventBatches:
+    """Batches of Responses events to send (iterate once) and the worker call they come from, if
+    any. `release()` cancels that call (idempotent); a sender calls it however sending ends, also
+    when it never started iterating (a client gone before the first byte), because a generator
+    that never started never runs its `finally`."""
+
+    def __init__(self, batches: AsyncGenerator[Events, None], generation: Generation | None = None) -> None:
+        self._batches, self._generation = batches, generation
+
+    def __aiter__(self) -> AsyncIterator[Events]:
+        return self._batches
+
+    def release(self) -> None:
+        if self._generation is not None:
+            self._generation.close()
+
+    async def aclose(self) -> None:
+        await self._batches.aclose()
+        self.release()
