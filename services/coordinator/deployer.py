@@ -74,14 +74,14 @@ class Deployer:
 
     # ---- running one deploy ------------------------------------------------------------------
     async def _run(self, record: DeployRecord, request: pb.DeployRequest) -> None:
-        if request.supersede:
-            for other in [r for r in self.records.in_flight() if r is not record]:
-                record.emit(f"superseding deploy {other.deploy_id}")
-                await self.cancel(other.deploy_id)
-        if self._one_at_a_time.locked() and self._active is not None:
-            record.emit(f"queued behind deploy {self._active.deploy_id}; it runs when that one ends "
-                        "(or deploy with --supersede to cancel that one)")
-        try:
+        try:  # everything, the supersede wait included: a cancel at any point ends the record
+            if request.supersede:
+                for other in [r for r in self.records.in_flight() if r is not record]:
+                    record.emit(f"superseding deploy {other.deploy_id}")
+                    await self.cancel(other.deploy_id)
+            if self._one_at_a_time.locked() and self._active is not None:
+                record.emit(f"queued behind deploy {self._active.deploy_id}; it runs when that one ends "
+                            "(or deploy with --supersede to cancel that one)")
             async with self._one_at_a_time:
                 self._active = record
                 try:

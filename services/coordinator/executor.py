@@ -76,9 +76,20 @@ class Executor:
         # delete the apps before that thread has created them.
         self._submitting = asyncio.ensure_future(self.serve.submit(apps, self.coordinator_address))
         await asyncio.shield(self._submitting)
-        results = await asyncio.gather(*[self._await_ready(record, app, spec, version, t0, plan.drain_timeout_s)
-                                         for app, (spec, version) in apps.items()])
-        return all(results)
+        waits = [asyncio.ensure_future(self._await_ready(record, app, spec, version, t0, plan.drain_timeout_s))
+                 for app, (spec, version) in apps.items()]
+        try:
+            return all(await asyncio.gather(*waits))
+        except Exception:
+            # One model's wait broke (a Serve failure): the others must not go on switching routes
+            # for a deploy that has failed; what never switched is torn down, the old versions serve.
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+            for app in sorted(self._pending_apps & set(apps)):
+                await self.serve.delete(app)
+                self._pending_apps.discard(app)
+            raise
 
     async def _rescale(self, record: DeployRecord, name: str, spec: common_pb2.ModelSpec) -> bool:
         current = self.running[name]

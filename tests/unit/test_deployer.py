@@ -149,3 +149,23 @@ async def test_a_commit_that_fails_fails_the_deploy_and_closes_its_record(rig):
     record = await rig.deploy(spec("a"))
     assert record.state == pb.DEPLOY_STATE_FAILED and "state service down" in record.error
     assert record.events.closed and rig.route("a") == version_of(spec("a"))  # what runs stays
+
+
+async def test_a_serve_failure_while_loading_stops_the_other_models_of_the_deploy(rig):
+    await rig.deploy(spec("b"))
+    old_b = rig.route("b")
+    wait_app = rig.serve.wait_app
+
+    async def broken_for_a(name: str, timeout_s: float):
+        if name == app_name(spec("a")):
+            raise RuntimeError("the Serve controller went away")
+        return await wait_app(name, timeout_s)
+    rig.serve.wait_app = broken_for_a  # type: ignore[method-assign]
+    rig.serve.hold("b")
+    record = await rig.deploy(spec("a"), spec("b", max_model_len=1024))
+    assert record.state == pb.DEPLOY_STATE_FAILED and "controller went away" in record.error
+    new_b = app_name(spec("b", max_model_len=1024))
+    assert new_b not in rig.serve.apps  # what never switched is torn down...
+    await rig.serve.release("b")
+    assert rig.route("b") == old_b  # ...and nothing switches routes for the failed deploy later
+    assert [m.version for m in rig.deployer.running_models() if m.spec.name == "b"] == [old_b]

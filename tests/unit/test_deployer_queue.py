@@ -146,3 +146,23 @@ async def test_pruning_never_drops_a_queued_or_running_deploy():
 
 async def _collect(record: DeployRecord) -> list[pb.DeployEvent]:
     return [event async for event in record.follow()]
+
+
+async def test_a_superseding_deploy_cancelled_while_it_waits_ends_cancelled(rig):
+    rig.serve.hold("a")
+    first = rig.start(spec("a"))
+    await until(lambda: app_name(spec("a")) in rig.serve.apps, "the first deploy loads")
+    gate, delete = asyncio.Event(), rig.serve.delete
+
+    async def slow_delete(name: str) -> None:  # the first deploy's restore takes its time
+        await gate.wait()
+        await delete(name)
+    rig.serve.delete = slow_delete  # type: ignore[method-assign]
+    second = rig.start(spec("b"), supersede=True)
+    await until(lambda: first.cancelling, "the second deploy to cancel the first")
+    await rig.deployer.cancel(second.deploy_id, wait_s=5)
+    assert second.state == pb.DEPLOY_STATE_CANCELLED and second.task.done()
+    assert [e.state for e in await asyncio.wait_for(_collect(second), 5)][-1] == pb.DEPLOY_STATE_CANCELLED
+    gate.set()
+    await asyncio.wait({first.task})
+    assert first.state == pb.DEPLOY_STATE_CANCELLED and rig.serve.app_of("b") == []
