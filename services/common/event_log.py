@@ -9,7 +9,7 @@ recording; followers wake on the next append, close or failure.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -17,19 +17,24 @@ T = TypeVar("T")
 
 class EventLog(Generic[T]):
     def __init__(self, events: Iterable[T] = ()) -> None:
-        self.events: list[T] = list(events)
+        self._events: list[T] = list(events)
         self.closed = False
         self._error: BaseException | None = None
         self._wake = asyncio.Event()
 
+    @property
+    def events(self) -> Sequence[T]:
+        """Everything appended so far (read-only: only `append` adds)."""
+        return self._events
+
     def __len__(self) -> int:
-        return len(self.events)
+        return len(self._events)
 
     def append(self, *events: T, close: bool = False) -> None:
         """Record `events` (and end the log when `close`); appending to a closed log is an error."""
         if self.closed:
             raise RuntimeError("append to a closed event log")
-        self.events.extend(events)
+        self._events.extend(events)
         self.closed = close
         self._notify()
 
@@ -47,9 +52,9 @@ class EventLog(Generic[T]):
         """Events from index `start` on, waiting for new ones until the log is closed."""
         seen = max(0, start)
         while True:
-            while seen < len(self.events):
+            while seen < len(self._events):
                 seen += 1
-                yield self.events[seen - 1]
+                yield self._events[seen - 1]
             if self.closed:
                 if self._error is not None:
                     raise self._error
