@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from mship.coordinator.v1 import coordinator_pb2 as cpb
+from tests.helpers import until_sync as until
 from tests.integration.conftest import PLATFORM_MODELS
 from tests.load_generator import LoadGenerator
 from tests.platform_process import PlatformProcess, mship
@@ -59,13 +60,6 @@ def app_of(platform: PlatformProcess, model: str) -> str:
 
 def apps(platform: PlatformProcess) -> dict[str, cpb.ServeApp]:
     return {a.name: a for a in platform.models().apps}
-
-
-def until(check: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout_s}s: {what}"
-        time.sleep(0.2)
 
 
 def processes_of(platform: PlatformProcess, app: str) -> list[psutil.Process]:
