@@ -1,5 +1,6 @@
-"""Serving shared by chat and completions: one worker call per request, streamed as SSE or
-assembled into one JSON object, cancelled when the client disconnects."""
+"""Serving shared by chat and completions: one worker call per request, answered as one JSON
+object or streamed as chunks. HTTP-free, like every endpoint's serving: the router watches the
+client (`guard`) and builds the HTTP response."""
 
 from __future__ import annotations
 
@@ -7,17 +8,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fastapi.responses import JSONResponse, Response
-from starlette.requests import Request
-
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.infer import UpstreamError
 from services.common.routes import RouteTable
-from services.gateway.edge.disconnect import ClientDisconnected, unless_disconnected
-from services.gateway.edge.errors import CLIENT_CLOSED
-from services.gateway.edge.sse import SSE_DONE, EventStreamResponse, sse_event
+from services.gateway.edge.answer import Guard, unguarded
+from services.gateway.edge.sse import SSE_DONE, sse_event
 from services.gateway.generation import Generation, check_routed, open_generation
-from services.gateway.identity import cache_salt_for, identity_of
+from services.gateway.identity import cache_salt_for
 from services.gateway.protocol_common.openai_error import OpenAIError
 
 
@@ -36,7 +33,8 @@ class StreamEncoder(Protocol):
 
 @dataclass
 class GenerationCall:
-    """What an endpoint hands to `serve_generation`: its request and how to build the response."""
+    """What an endpoint's parsed request needs from the shared serving: its worker request and
+    how to build the response."""
 
     model: str
     stream: bool
@@ -54,8 +52,31 @@ class GenerationCall:
                    lambda: assembler.for_request(req), lambda: encoder.for_request(req), input_param)
 
 
+class ChunkStream:
+    """A generation streamed as `data:` chunks, then `[DONE]`; `release()` cancels its worker call."""
+
+    def __init__(self, generation: Generation, encoder: StreamEncoder) -> None:
+        self.generation, self.encoder = generation, encoder
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        try:
+            async for event in self.generation:
+                for chunk in self.encoder.encode(event):
+                    yield sse_event(chunk)
+        except UpstreamError as e:  # after the first token: the error travels in the stream
+            yield sse_event(self.generation.failure(e).body())
+        except OpenAIError as e:
+            yield sse_event(e.body())
+        finally:
+            self.release()
+        yield SSE_DONE
+
+    def release(self) -> None:
+        self.generation.close()
+
+
 class GenerationServing:
-    """An endpoint served by `serve_generation`: subclasses turn the body into its call."""
+    """An endpoint served by one worker call: subclasses turn the body into its `GenerationCall`."""
 
     def __init__(self, table: RouteTable, timeout_s: float | None = None) -> None:
         self.table, self.timeout_s = table, timeout_s
@@ -63,39 +84,18 @@ class GenerationServing:
     def call(self, body: bytes) -> GenerationCall:
         raise NotImplementedError
 
-    async def create(self, http: Request) -> Response:
-        return await serve_generation(http, self.table, self.call(await http.body()), self.timeout_s)
+    async def create(self, body: bytes, identity: str, guard: Guard = unguarded) -> dict[str, Any] | ChunkStream:
+        call = self.call(body)
+        check_routed(self.table, call.model)
+        salt = cache_salt_for(identity)
+        if call.stream:
+            encoder = call.encoder()
+            return ChunkStream(await guard(self._open(call, call.to_infer(encoder.id, salt))), encoder)
+        assembler = call.assembler()
+        return await guard(_assemble(self._open(call, call.to_infer(assembler.id, salt)), assembler))
 
-
-async def serve_generation(http: Request, table: RouteTable, call: GenerationCall,
-                           timeout_s: float | None = None) -> Response:
-    check_routed(table, call.model)
-    responder = call.encoder() if call.stream else call.assembler()
-    infer = call.to_infer(responder.id, cache_salt_for(identity_of(http)))
-    opening = open_generation(table, call.model, infer, input_param=call.input_param, timeout_s=timeout_s)
-    try:
-        if not call.stream:
-            return JSONResponse(await unless_disconnected(http, _assemble(opening, responder)))
-        generation = await unless_disconnected(http, opening)
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_CLOSED)
-    return EventStreamResponse(_events(generation, responder), release=generation.close)
-
-
-async def _events(generation: Generation, encoder: StreamEncoder) -> AsyncIterator[bytes]:
-    # Starlette closes this generator when the client disconnects; `close()` then cancels the
-    # gRPC call and the worker aborts the engine request.
-    try:
-        async for event in generation:
-            for chunk in encoder.encode(event):
-                yield sse_event(chunk)
-    except UpstreamError as e:  # after the first token: the error travels in the stream
-        yield sse_event(generation.failure(e).body())
-    except OpenAIError as e:
-        yield sse_event(e.body())
-    finally:
-        generation.close()
-    yield SSE_DONE
+    def _open(self, call: GenerationCall, infer: pb.InferRequest) -> Awaitable[Generation]:
+        return open_generation(self.table, call.model, infer, input_param=call.input_param, timeout_s=self.timeout_s)
 
 
 async def _assemble(opening: Awaitable[Generation], assembler: Assembler) -> dict[str, Any]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from services.gateway.chat.serving import ChatServing
+from services.gateway.edge.answer import post_router
 
 
 def chat_router(serving: ChatServing) -> APIRouter:
-    router = APIRouter()
-    router.add_api_route("/v1/chat/completions", serving.create, methods=["POST"])
-    return router
+    return post_router("/v1/chat/completions", serving.create)

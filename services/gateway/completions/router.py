@@ -5,9 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from services.gateway.completions.serving import CompletionServing
+from services.gateway.edge.answer import post_router
 
 
 def completions_router(serving: CompletionServing) -> APIRouter:
-    router = APIRouter()
-    router.add_api_route("/v1/completions", serving.create, methods=["POST"])
-    return router
+    return post_router("/v1/completions", serving.create)

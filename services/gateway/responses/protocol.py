@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PlainValidator, model_validator
 
 from mship.worker.v1 import worker_pb2 as pb
+from services.gateway.protocol_common import validation
 from services.gateway.protocol_common.choices import (
     TOOL_MODES,
     FunctionName,
@@ -27,11 +28,7 @@ from services.gateway.protocol_common.validation import (
     Int,
     Str,
     WireModel,
-    by_field,
-    by_type,
     invalid,
-    missing,
-    parse_body,
     tagged,
 )
 from services.gateway.responses.protocol_items import Input, UserMessage
@@ -53,12 +50,12 @@ class FunctionTool(WireModel):
 def _refuse_tool(value: dict[str, Any]) -> Any:
     kind = value.get("type")
     if kind is None:
-        raise missing("type")
+        raise validation.missing("type")
     raise invalid("type", f"Tools of type '{kind}' are not supported by this server; only 'function' tools are.",
                   kind)
 
 
-Tool = tagged(by_field("type", ("function",)), {
+Tool = tagged(validation.by_field("type", ("function",)), {
     "function": FunctionTool, "other": Annotated[Any, PlainValidator(_refuse_tool)]}, "an object")
 
 
@@ -76,13 +73,13 @@ class AllowedTools(WireModel):
 def _refuse_tool_choice(value: dict[str, Any]) -> Any:
     kind = value.get("type")
     if kind is None:
-        raise missing("type")
+        raise validation.missing("type")
     raise invalid("type", f"tool_choice of type '{kind}' is not supported by this server.", kind)
 
 
-ToolChoice = tagged(by_type, {
+ToolChoice = tagged(validation.by_type, {
     "str": Literal["none", "auto", "required"],
-    "dict": tagged(by_field("type", ("function", "allowed_tools")), {
+    "dict": tagged(validation.by_field("type", ("function", "allowed_tools")), {
         "function": FunctionChoice, "allowed_tools": AllowedTools,
         "other": Annotated[Any, PlainValidator(_refuse_tool_choice)]}, "an object"),
 }, "a string or an object")
@@ -149,7 +146,7 @@ class _Inputs(WireModel):
     @model_validator(mode="after")
     def _check_input(self) -> _Inputs:
         if self.input is None and self.previous_response_id is None:
-            raise missing("input")
+            raise validation.missing("input")
         return self
 
 
@@ -240,11 +237,11 @@ class CompactRequest(_Inputs):
 
 def parse_response_request(body: bytes | str | dict[str, Any]) -> ResponseRequest:
     """The request, or OpenAIError 400 (bad JSON, unknown field, wrong type, bad value)."""
-    return parse_body(ResponseRequest, body)
+    return validation.parse_body(ResponseRequest, body)
 
 
 def parse_compact_request(body: bytes | str | dict[str, Any]) -> CompactRequest:
-    return parse_body(CompactRequest, body)
+    return validation.parse_body(CompactRequest, body)
 
 
 # ---- request conversion ------------------------------------------------------------------------

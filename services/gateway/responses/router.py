@@ -4,19 +4,13 @@ after the app: until `enable_responses`, every route answers 503 (the socket clo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 from fastapi import APIRouter, FastAPI, Request, WebSocket
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from services.gateway.edge.disconnect import ClientDisconnected, unless_disconnected
-from services.gateway.edge.errors import CLIENT_CLOSED
-from services.gateway.edge.sse import EventStreamResponse, sse_response_stream
+from services.gateway.edge.answer import answer, watched
 from services.gateway.identity import identity_of
 from services.gateway.protocol_common.openai_error import SERVER_ERROR, OpenAIError
-from services.gateway.responses.serving import Guard, ResponsesServing
-from services.gateway.responses.turns import EventBatches
+from services.gateway.responses.serving import ResponsesServing
 from services.gateway.responses.websocket import ResponsesSocket
 
 
@@ -30,22 +24,6 @@ def _serving(request: Request) -> ResponsesServing:
         raise OpenAIError(503, "The Responses API is not available: this gateway has no state service.",
                           type=SERVER_ERROR, headers={"Retry-After": "1"})
     return serving
-
-
-def _answer(result: dict[str, Any] | EventBatches) -> Response:
-    """A JSON object, or event batches as an event stream."""
-    if isinstance(result, dict):
-        return JSONResponse(result)
-    return EventStreamResponse(sse_response_stream(result), release=result.release)
-
-
-async def _watched(request: Request, method: Callable[[bytes, str, Guard], Awaitable[Any]]) -> Response:
-    """Call `method` (body, identity, guard) with the client's disconnect watched: 499 once it is gone."""
-    try:
-        return _answer(await method(await request.body(), identity_of(request),
-                                    lambda work: unless_disconnected(request, work)))
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_CLOSED)
 
 
 def _int_param(http: Request, name: str, default: int) -> int:
@@ -63,31 +41,31 @@ def responses_router() -> APIRouter:
 
     @router.post("/v1/responses")
     async def create_response(request: Request) -> Response:
-        return await _watched(request, _serving(request).create)
+        return await watched(request, _serving(request).create)
 
     @router.post("/v1/responses/compact")
     async def compact_response(request: Request) -> Response:
-        return await _watched(request, _serving(request).compact)
+        return await watched(request, _serving(request).compact)
 
     @router.get("/v1/responses/{response_id}")
     async def get_response(request: Request, response_id: str) -> Response:
         stream = request.query_params.get("stream") in ("true", "1")
         after = _int_param(request, "starting_after", -1) if stream else -1
-        return _answer(await _serving(request).retrieve(identity_of(request), response_id, stream=stream,
+        return answer(await _serving(request).retrieve(identity_of(request), response_id, stream=stream,
                                                         after=after))
 
     @router.delete("/v1/responses/{response_id}")
     async def delete_response(request: Request, response_id: str) -> Response:
-        return _answer(await _serving(request).delete(identity_of(request), response_id))
+        return answer(await _serving(request).delete(identity_of(request), response_id))
 
     @router.post("/v1/responses/{response_id}/cancel")
     async def cancel_response(request: Request, response_id: str) -> Response:
-        return _answer(await _serving(request).cancel(identity_of(request), response_id))
+        return answer(await _serving(request).cancel(identity_of(request), response_id))
 
     @router.get("/v1/responses/{response_id}/input_items")
     async def list_input_items(request: Request, response_id: str) -> Response:
         params = request.query_params
-        return _answer(await _serving(request).input_items(
+        return answer(await _serving(request).input_items(
             identity_of(request), response_id, limit=_int_param(request, "limit", 20),
             order=params.get("order", "desc"), after=params.get("after", "")))
 

@@ -9,11 +9,12 @@ router's disconnect watch); the WebSocket passes none.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 from mship.state.v1 import state_pb2 as spb
 from services.common.routes import RouteTable
+from services.gateway.edge.answer import Guard, unguarded
 from services.gateway.generation import Generation, check_routed, open_generation
 from services.gateway.identity import cache_salt_for
 from services.gateway.protocol_common.openai_error import OpenAIError, internal_error
@@ -26,13 +27,6 @@ from services.gateway.responses.protocol_events import ResponseStreamEncoder
 from services.gateway.responses.protocol_items import check_call_ids, to_messages
 from services.gateway.responses.turns import EventBatches, Events, Turn, run_turn
 from services.state.client import Conflict, NotFound, StateClient, StateError
-
-T = TypeVar("T")
-Guard = Callable[[Awaitable[Any]], Awaitable[Any]]
-
-
-async def unguarded(work: Awaitable[T]) -> T:
-    return await work
 
 
 def not_found(response_id: str) -> OpenAIError:

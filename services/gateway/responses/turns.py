@@ -11,6 +11,7 @@ from typing import Any
 from mship.state.v1 import state_pb2 as spb
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.infer import UpstreamError
+from services.gateway.edge.sse import sse_response_stream
 from services.gateway.generation import Generation
 from services.gateway.responses.conversation import snapshot_of
 from services.gateway.responses.protocol import ResponseRequest
@@ -75,6 +76,10 @@ class EventBatches:
 
     def __aiter__(self) -> AsyncIterator[Events]:
         return self._batches
+
+    def frames(self) -> AsyncIterator[bytes]:
+        """The batches as one event stream (each event with its `event:` line), then `[DONE]`."""
+        return sse_response_stream(self)
 
     def release(self) -> None:
         if self._generation is not None:

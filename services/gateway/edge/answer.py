@@ -1,0 +1,64 @@
+"""What every endpoint's router shares: call an HTTP-free serving method with the client's
+disconnect watched, and turn its result into the HTTP response.
+
+A serving method takes `(body, identity, guard)` and returns a JSON object or an `EventStream`;
+`guard` wraps the waits a client may walk away from (the router's disconnect watch; the WebSocket
+passes `unguarded`). A client gone before the answer gets 499 and its work is cancelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+
+from services.gateway.edge.disconnect import ClientDisconnected, unless_disconnected
+from services.gateway.edge.errors import CLIENT_CLOSED
+from services.gateway.edge.sse import EventStreamResponse
+from services.gateway.identity import identity_of
+
+T = TypeVar("T")
+Guard = Callable[[Awaitable[Any]], Awaitable[Any]]
+
+
+class EventStream(Protocol):
+    """A stream to send as server-sent events, and what to release when sending ends."""
+
+    def frames(self) -> AsyncIterator[bytes]: ...
+    def release(self) -> None: ...
+
+
+ServingMethod = Callable[[bytes, str, Guard], Awaitable["dict[str, Any] | EventStream"]]
+
+
+async def unguarded(work: Awaitable[T]) -> T:
+    return await work
+
+
+def answer(result: dict[str, Any] | EventStream) -> Response:
+    """A JSON object, or an event stream (released however the response ends)."""
+    if isinstance(result, dict):
+        return JSONResponse(result)
+    return EventStreamResponse(result.frames(), release=result.release)
+
+
+async def watched(request: Request, method: ServingMethod) -> Response:
+    """Call `method` (body, identity, guard) with the client's disconnect watched: 499 once it is gone."""
+    try:
+        return answer(await method(await request.body(), identity_of(request),
+                                   lambda work: unless_disconnected(request, work)))
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+
+
+def post_router(path: str, method: ServingMethod) -> APIRouter:
+    """A router with one POST endpoint served by `method` (chat, completions)."""
+    async def endpoint(request: Request) -> Response:
+        return await watched(request, method)
+
+    router = APIRouter()
+    router.add_api_route(path, endpoint, methods=["POST"])
+    return router
