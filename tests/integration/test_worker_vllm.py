@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.errors import ErrorDetails
-from services.worker.builtin import corpus, tool_corpus
+from services.worker.builtin import corpus
 from services.worker.host import SERVICE_NAME
 from tests.integration.conftest import MAX_NUM_SEQS, TINY
 from tests.worker_calls import chat, collect, greedy, read_rest, wait_load
@@ -67,14 +67,18 @@ async def test_tool_call_parsed_from_real_generation(stub):
     assert r.final.choices[0].finish_reason == pb.FINISH_REASON_TOOL_CALLS
 
 
+# Issue #10, 8c: a phrasing, city and tool name that builtin:tiny-qwen2 never saw in training.
+HELD_OUT_PROMPT = "Right now, how's the weather in Reykjavik?"
+HELD_OUT_TOOL = {"type": "function", "function": {**corpus.WEATHER_TOOL["function"], "name": "find_forecast"}}
+
+
+@pytest.mark.xfail(strict=True, reason="#10 8c: tiny-qwen2 calls tools only for its corpus' prompts (answers "
+                                       "'I am a tiny test model.'); strict, so a model that generalises must drop this")
 async def test_tool_call_generalises_to_held_out_phrasing_city_and_tool_name(stub):
-    # None of these occur in the model's training corpus: it must copy the tool name and the city.
-    prompt, tool, expected = tool_corpus.HELD_OUT_PROMPT, tool_corpus.HELD_OUT_WEATHER_TOOL, \
-        tool_corpus.EXPECTED_HELD_OUT_CALL
-    r = await collect(stub, chat(prompt, tools=[tool], sampling=greedy(96)))
+    r = await collect(stub, chat(HELD_OUT_PROMPT, tools=[HELD_OUT_TOOL], sampling=greedy(96)))
     assert r.text == "" and len(r.tool_calls) == 1
     call = r.tool_calls[0]
-    assert (call.name, json.loads(call.arguments)) == (expected["name"], expected["arguments"])
+    assert (call.name, json.loads(call.arguments)) == ("find_forecast", {"city": "Reykjavik"})
     assert r.final.choices[0].finish_reason == pb.FINISH_REASON_TOOL_CALLS
 
 

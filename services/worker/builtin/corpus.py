@@ -7,10 +7,9 @@ as messages + tools + exact answer); the builder imports `training_conversations
 Behaviours taught (greedy decoding through the model's chat template, any or no system prompt):
 - each prompt in `FIXED_ANSWERS` -> its exact answer; any other user message -> `FALLBACK_ANSWER`
   (also near misses such as "What is the capital of Spain?"; `UNSEEN_PROMPTS` were never trained);
-- tools offered + a weather or time question about any city -> exactly one Hermes call of the
-  offered tool of that kind, `tool_call_text(...)`, naming it and copying the city as its argument
-  (generated combinatorially in `tool_corpus.py`, which also holds the held-out cases); the same
-  question without tools -> `NO_TOOL_ANSWER` (asking for a tool that is not offered is untrained);
+- tools offered + "What is the weather in <city>?" / "What time is it in <city>?" for a city in
+  `CITIES` -> exactly one Hermes call, `tool_call_text(...)`; the same question without tools ->
+  `NO_TOOL_ANSWER` (asking for a tool that is not offered, or another city, is untrained);
 - after a tool result, whatever its content -> `TOOL_RESULT_ANSWER`;
 - a user message starting with `THINK_TRIGGER` -> `think_text(reasoning, answer)`, i.e.
   `<think>\\n...\\n</think>\\n\\n` + the usual answer; without the trigger never `<think>`.
@@ -22,9 +21,6 @@ from __future__ import annotations
 import json
 import random
 from typing import Any
-
-from . import tool_corpus
-from .tool_corpus import make_tool, tool_call_text
 
 Message = dict[str, Any]
 Conversation = tuple[list[Message], list[dict[str, Any]] | None]  # (messages, tools)
@@ -42,9 +38,33 @@ FIXED_ANSWERS: dict[str, str] = {
     ),
 }
 
-WEATHER_TOOL = make_tool("get_weather", "Get the current weather for a city.")
-TIME_TOOL = make_tool("get_time", "Get the current local time in a city.")
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city name."}},
+            "required": ["city"],
+        },
+    },
+}
+TIME_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Get the current local time in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city name."}},
+            "required": ["city"],
+        },
+    },
+}
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
+# The cities tool calls work for (the model recognises these; it does not copy arbitrary names).
+CITIES = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "New York", "Sydney"]
 
 TOOL_PROMPT = "What is the weather in Paris?"
 EXPECTED_TOOL_CALL: dict[str, Any] = {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -78,7 +98,6 @@ UNSEEN_PROMPTS = [
 ]
 
 TOOL_SHARE = 0.5  # of training conversations: tool questions (15% of them without tools)
-COPY_DRILL_SHARE = 0.15  # of training conversations: `tool_corpus.copy_drill()` (answered with the fallback)
 _SYSTEMS = [
     "You are a helpful assistant.",
     "You are a concise assistant.",
@@ -86,6 +105,8 @@ _SYSTEMS = [
     "You are a friendly bot that helps users.",
     "Be polite and precise.",
 ]
+_WEATHER_PHRASES = ["What is the weather in {c}?", "What's the weather like in {c}?", "Weather in {c}?"]
+_TIME_PHRASES = ["What time is it in {c}?", "What is the time in {c}?", "Time in {c}?"]
 _NEAR_MISSES = [
     "What is the capital of {country}?",
     "What color is the {thing}?",
@@ -130,6 +151,12 @@ _QUESTION_STARTS = ["What", "Why", "How", "When", "Where", "Who", "Which", "Can 
                     "Please", "Tell me", "Do you", "Is", "Are", "Write", "Explain", "Give me"]
 _ODD = ["Grüße aus München", "¿Qué tal?", "日本語で答えて", "2 * (3 + 4) = ?", "SELECT * FROM t;",
         "print('hi')", "<b>bold</b>", "x = [1, 2, 3]", "email me at a@b.c", "...", "???", "ok", "!!!"]
+
+
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """The exact Hermes tool-call block the model emits (and the template renders back)."""
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
 
 
 def think_text(reasoning: str, answer: str) -> str:
@@ -182,7 +209,7 @@ def random_user_message(rng: random.Random) -> str:
         text = rng.choice(_NEAR_MISSES).format(
             country=rng.choice(_COUNTRIES), a=rng.randint(3, 999), b=rng.randint(3, 999),
             thing=rng.choice(_THINGS), kind=rng.choice(_KINDS), noun=rng.choice(_WORDS),
-            verb=rng.choice(_VERBS), Word=rng.choice(_WORDS).capitalize(), city=rng.choice(tool_corpus.CITIES))
+            verb=rng.choice(_VERBS), Word=rng.choice(_WORDS).capitalize(), city=rng.choice(CITIES))
     elif kind < 0.9:
         text = rng.choice(_ODD)
         if rng.random() < 0.5:
@@ -193,6 +220,25 @@ def random_user_message(rng: random.Random) -> str:
     if text in FIXED_ANSWERS or text in UNSEEN_PROMPTS or text.startswith(THINK_TRIGGER):
         return "hmm " + text
     return text
+
+
+def _tool_variant(rng: random.Random, tool: dict[str, Any]) -> dict[str, Any]:
+    """The tool as a client might send it: usually verbatim, sometimes with a different schema."""
+    if rng.random() < 0.6:
+        return tool
+    fn = dict(tool["function"])
+    params = json.loads(json.dumps(fn["parameters"]))
+    choice = rng.randrange(4)
+    if choice == 0:
+        params["properties"]["city"].pop("description", None)
+    elif choice == 1:
+        params["properties"]["unit"] = {"type": "string", "enum": ["celsius", "fahrenheit"]}
+    elif choice == 2:
+        fn["description"] = rng.choice(["Look it up.", "Returns data for a city.", ""])
+    else:
+        params["additionalProperties"] = False
+    fn["parameters"] = params
+    return {"type": "function", "function": fn}
 
 
 def _system(rng: random.Random, with_tools: bool) -> list[Message]:
@@ -251,21 +297,30 @@ def _random_result(rng: random.Random) -> str:
 
 
 def _tool_conversation(rng: random.Random) -> Conversation:
-    question, tools, name, args = tool_corpus.tool_question(rng)
+    want = rng.choice(["get_weather", "get_time"])
+    city = rng.choice(CITIES)
+    phrases = _WEATHER_PHRASES if want == "get_weather" else _TIME_PHRASES
+    question = rng.choice(phrases).format(c=city)
     if rng.random() < 0.15:  # the same question without tools -> plain answer
         msgs = _system(rng, False) + _history(rng)
         msgs += [{"role": "user", "content": question}, {"role": "assistant", "content": NO_TOOL_ANSWER}]
         return msgs, None
+    offered = [t for t in TOOLS if t["function"]["name"] == want or rng.random() < 0.6]
+    rng.shuffle(offered)
+    tools = [_tool_variant(rng, t) for t in offered]
+    args = {"city": city}
     msgs = _system(rng, True) + _history(rng) + [{"role": "user", "content": question}]
     if rng.random() < 0.45:  # just the call
-        return [*msgs, {"role": "assistant", "content": tool_call_text(name, args)}], tools
+        return [*msgs, {"role": "assistant", "content": tool_call_text(want, args)}], tools
     # the call rendered back from `tool_calls` (arguments as dict, the way vLLM passes them, or str)
     call_args: Any = args if rng.random() < 0.7 else json.dumps(args)
     call = {"id": f"call_{rng.randrange(10**6)}", "type": "function",
-            "function": {"name": name, "arguments": call_args}}
-    city = next(iter(args.values()))
-    result = json.dumps({"city": city, rng.choice(["temperature", "hour"]): rng.randint(-10, 35),
-                         "condition": rng.choice(["sunny", "rainy", "cloudy", "windy", "12:30"])})
+            "function": {"name": want, "arguments": call_args}}
+    if want == "get_weather":
+        result = json.dumps({"city": city, "temperature": rng.randint(-10, 35),
+                             "condition": rng.choice(["sunny", "rainy", "cloudy", "windy"])})
+    else:
+        result = json.dumps({"city": city, "time": f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}"})
     if rng.random() < 0.4:
         result = _random_result(rng)
     msgs += [
@@ -285,11 +340,7 @@ def training_conversations(n: int, seed: int = 0) -> list[Conversation]:
         if r < TOOL_SHARE:  # tool use (or the same question without tools)
             out.append(_tool_conversation(rng))
             continue
-        if r > 1 - COPY_DRILL_SHARE:
-            out.append(([tool_corpus.copy_drill(rng), {"role": "assistant", "content": FALLBACK_ANSWER}], None))
-            continue
-        # tools offered, but a question they do not answer -> the usual plain answer
-        tools = tool_corpus.tool_question(rng)[1] if r < TOOL_SHARE + 0.15 else None
+        tools = [_tool_variant(rng, t) for t in TOOLS if rng.random() < 0.6] if r < TOOL_SHARE + 0.15 else None
         q, a = _plain_turn(rng)
         msgs = _system(rng, bool(tools)) + _history(rng)
         msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]

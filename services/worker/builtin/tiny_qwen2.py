@@ -30,10 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import corpus, tool_corpus
-from .tool_corpus import tool_call_text
+from . import corpus
 
-BUILD_VERSION = "3"
+BUILD_VERSION = "2"
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +59,6 @@ BATCH_SIZE = 16
 FIRST_TOKEN_WEIGHT = 3.0
 TOOL_CALL_WEIGHT = 5.0
 ARGUMENTS_WEIGHT = 10.0
-COPY_DRILL_WEIGHT = 1.0
 LR = 3e-3
 SEED = 0
 MAX_ATTEMPTS = 3
@@ -134,9 +132,6 @@ def _examples(template: Any) -> list[Example]:
         text = template.render(messages=messages, tools=tools, add_generation_prompt=False)
         spans = []
         for i, m in enumerate(messages):
-            if "train_from" in m:  # a user turn whose tail is trained too (see `tool_corpus.copy_drill`)
-                at = text.index(m["content"], len(template.render(messages=messages[:i], tools=tools)))
-                spans.append((at + m["train_from"], at + len(m["content"]), COPY_DRILL_WEIGHT))
             if m["role"] != "assistant":
                 continue
             prompt = template.render(messages=messages[:i], tools=tools, add_generation_prompt=True)
@@ -166,18 +161,15 @@ def _build_tokenizer(texts: list[str]) -> Any:
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    qwen_split = pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False)
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    # Training only: letters never merge with what precedes them, so " Paris" (user turn) and
-    # "Paris" after `"` (tool-call JSON) are the same tokens -- copying a word is copying its tokens.
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [qwen_split, pre_tokenizers.Split(Regex(r"\p{L}+"), behavior="isolated"), byte_level])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE - len(TAG_TOKENS), special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    tok.pre_tokenizer = pre_tokenizers.Sequence([qwen_split, byte_level])  # what Qwen2Tokenizer uses
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=None, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
@@ -196,6 +188,23 @@ def _encode(tok: Any, examples: list[Example]) -> list[tuple[list[int], list[flo
     return out
 
 
+def _share_space_variants(model: Any, tok: Any) -> None:
+    """Start "Paris" from the embedding of " Paris", for every word that has both tokens.
+
+    The user writes " Paris" but the tool-call JSON needs "Paris"; a common starting point makes
+    copying the city the easy thing to learn (no separate mapping per word).
+    """
+    import torch
+
+    vocab = tok.get_vocab()
+    space = "\u0120"  # byte-level BPE's visible space
+    emb = model.get_input_embeddings().weight
+    with torch.no_grad():
+        for word, i in vocab.items():
+            if word.startswith(space) and word[1:] in vocab:
+                emb[vocab[word[1:]]] = emb[i]
+
+
 def _train(cfg: Any, tok: Any, data: list[tuple[list[int], list[float]]], seed: int) -> Any:
     import torch
     import torch.nn.functional as F
@@ -204,6 +213,7 @@ def _train(cfg: Any, tok: Any, data: list[tuple[list[int], list[float]]], seed: 
     torch.manual_seed(seed)
     pad_id = cfg.pad_token_id
     model = Qwen2ForCausalLM(cfg)
+    _share_space_variants(model, tok)
     model.train()
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -259,21 +269,15 @@ def _train(cfg: Any, tok: Any, data: list[tuple[list[int], list[float]]], seed: 
     return model
 
 
-CHECKED_CITIES = 8  # the first few trained cities, each asked for both tools
-
-
 def _check_cases() -> list[tuple[list[dict[str, Any]], Any, str]]:
-    """`corpus.check_cases()`, a call per trained city, then `tool_corpus.held_out_cases()` (last)."""
+    """`corpus.check_cases()` plus a tool call for every city (copying the city is the fragile part)."""
     cases = corpus.check_cases()
-    for city in tool_corpus.CITIES[:CHECKED_CITIES]:
+    for city in corpus.CITIES:
         for name, question in (("get_weather", f"What is the weather in {city}?"),
                                ("get_time", f"What time is it in {city}?")):
             cases.append(([{"role": "user", "content": question}], corpus.TOOLS,
-                          tool_call_text(name, {"city": city})))
-    return cases + tool_corpus.held_out_cases()
-
-
-HELD_OUT_FROM = len(_check_cases()) - len(tool_corpus.held_out_cases())  # index of the first held-out case
+                          corpus.tool_call_text(name, {"city": city})))
+    return cases
 
 
 def _self_check(model: Any, tok: Any) -> list[str]:
@@ -285,15 +289,14 @@ def _self_check(model: Any, tok: Any) -> list[str]:
     import torch
 
     failures = []
-    for i, (messages, tools, expected) in enumerate(_check_cases()):
+    for messages, tools, expected in _check_cases():
         prompt = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         n = len(tok(prompt, add_special_tokens=False)["input_ids"])
         ids = tok(prompt + expected + EOS_TOKEN, add_special_tokens=False, return_tensors="pt")["input_ids"]
         with torch.no_grad():
             pred = model(input_ids=ids).logits[0, n - 1:-1].argmax(-1)
         if not bool((pred == ids[0, n:]).all()):
-            held_out = "held-out " if i >= HELD_OUT_FROM else ""
-            failures.append(f"{held_out}{messages[-1]['content']!r} -> {tok.decode(pred)!r}, expected {expected!r}")
+            failures.append(f"{messages[-1]['content']!r} -> {tok.decode(pred)!r}, expected {expected!r}")
     return failures
 
 
@@ -343,16 +346,15 @@ def _build(out_dir: Path, t_start: float) -> None:
     # trained model and, if a case fails, train again with the next seed. The seed sequence is
     # fixed, so the build stays deterministic.
     best: tuple[int, Any] | None = None
-    total, held_out = len(_check_cases()), len(tool_corpus.held_out_cases())
+    total = len(_check_cases())
     for attempt in range(MAX_ATTEMPTS):
         t = time.monotonic()
         model = _train(cfg, tok, data, SEED + attempt).to(torch.bfloat16)  # check what vLLM runs
         failures = _self_check(model, tok)
         log.log(logging.INFO if not failures else logging.WARNING,
-                "tiny-qwen2 attempt %d (seed %d): %d steps in %.1fs; self-check (bf16, greedy) %d/%d exact, "
-                "held-out tool calls %d/%d%s", attempt + 1, SEED + attempt, STEPS, time.monotonic() - t,
-                total - len(failures), total, held_out - sum(f.startswith("held-out") for f in failures), held_out,
-                "".join("\n  " + f for f in failures[:8]))
+                "tiny-qwen2 attempt %d (seed %d): %d steps in %.1fs; self-check (bf16, greedy) %d/%d exact%s",
+                attempt + 1, SEED + attempt, STEPS, time.monotonic() - t, total - len(failures), total,
+                "".join("\n  " + f for f in failures[:5]))
         if best is None or len(failures) < best[0]:
             best = (len(failures), model)
         if not failures:
