@@ -9,7 +9,6 @@ SO_REUSEPORT port). Serve runs without its own proxies: every service serves its
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
 import os
@@ -65,11 +64,12 @@ def start_platform(cfg: PlatformConfig) -> None:
 
     from services.coordinator.deployment import CoordinatorDeployment
     from services.gateway.deployment import GatewayDeployment
+    from services.gateway.responses.compaction import CompactionCodec
     from services.state.deployment import StateDeployment
 
     # Compaction items must open on every gateway replica: one key for the cluster (set it to keep
     # compacted chains valid across restarts).
-    os.environ.setdefault(ENV_COMPACTION_KEY, base64.b64encode(os.urandom(32)).decode())
+    os.environ.setdefault(ENV_COMPACTION_KEY, CompactionCodec.new_key())
     env_vars = {k: os.environ[k] for k in (*RAY_ENV, *ENGINE_ENV, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                                             "VLLM_CPU_KVCACHE_SPACE", *PLATFORM_ENV)
                 if k in os.environ}

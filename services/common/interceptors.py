@@ -7,10 +7,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health, health_pb2_grpc
 
 from services.common.errors import ServiceError
 
@@ -59,3 +60,16 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
     """The interceptors every mship gRPC server is built with, outermost first."""
     return [ErrorInterceptor()]
+
+
+def platform_server(add_servicer: Callable[[Any, grpc.aio.Server], None], servicer: Any,
+                    options: Sequence[tuple[str, Any]] = (),
+                    health_servicer: health.aio.HealthServicer | None = None) -> grpc.aio.Server:
+    """A grpc.aio server (not bound, not started) with the platform's interceptors, `servicer`
+    (registered by its generated `add_*Servicer_to_server`) and, given one, grpc.health.v1: every
+    mship service builds its server here, so a new interceptor reaches all of them at once."""
+    server = grpc.aio.server(interceptors=server_interceptors(), options=list(options))
+    add_servicer(servicer, server)
+    if health_servicer is not None:
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    return server

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import grpc
-from grpc_health.v1 import health, health_pb2_grpc
+from grpc_health.v1 import health
 
 from mship.coordinator.v1 import coordinator_pb2_grpc
-from services.common.interceptors import server_interceptors
+from services.common.interceptors import platform_server
 
 
 def coordinator_server(servicer: coordinator_pb2_grpc.CoordinatorServicer, address: str,
@@ -14,10 +14,8 @@ def coordinator_server(servicer: coordinator_pb2_grpc.CoordinatorServicer, addre
     """A server (not started yet) for `servicer` bound to `address`, and the port it got
     (`host:0` picks a free one). Raises OSError when the address cannot be bound."""
     # No SO_REUSEPORT: a second coordinator on a taken port must fail, not share it.
-    server = grpc.aio.server(interceptors=server_interceptors(), options=[("grpc.so_reuseport", 0)])
-    coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, server)
-    if health_servicer is not None:
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    server = platform_server(coordinator_pb2_grpc.add_CoordinatorServicer_to_server, servicer,
+                             [("grpc.so_reuseport", 0)], health_servicer)
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind {address}")

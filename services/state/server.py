@@ -6,11 +6,11 @@ import asyncio
 import logging
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 
 from mship.state.v1 import state_pb2_grpc
 from services.common.errors import ServiceError
-from services.common.interceptors import server_interceptors
+from services.common.interceptors import platform_server
 from services.state.backends import open_store
 from services.state.servicer import StateServicer
 from services.state.store import Store
@@ -26,13 +26,9 @@ SWEEP_INTERVAL_S = 5.0
 
 def state_server(servicer: state_pb2_grpc.StateServicer,
                  health_servicer: health.aio.HealthServicer | None = None) -> grpc.aio.Server:
-    """A state gRPC server (not bound, not started) with the platform's interceptors: the one
-    construction the deployment and the tests share."""
-    server = grpc.aio.server(interceptors=server_interceptors(), options=SERVER_OPTIONS)
-    state_pb2_grpc.add_StateServicer_to_server(servicer, server)
-    if health_servicer is not None:
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    return server
+    """A state gRPC server (not bound, not started): the one construction the deployment and the
+    tests share."""
+    return platform_server(state_pb2_grpc.add_StateServicer_to_server, servicer, SERVER_OPTIONS, health_servicer)
 
 
 async def serve_store(store: Store, host: str, port: int, *,

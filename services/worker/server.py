@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2_grpc
-from services.common.interceptors import server_interceptors
+from services.common.interceptors import platform_server
 from services.worker.host import SERVICE_NAME, LoadGate, ModelHost
 from services.worker.servicer import WorkerServicer
 
@@ -23,13 +23,9 @@ SERVER_OPTIONS = [
 
 def worker_server(servicer: worker_pb2_grpc.WorkerServicer,
                   health_servicer: health.aio.HealthServicer | None = None) -> grpc.aio.Server:
-    """A worker gRPC server (not bound, not started) with the platform's interceptors: the one
-    construction the process, the Serve replica and the tests share."""
-    server = grpc.aio.server(interceptors=server_interceptors(), options=SERVER_OPTIONS)
-    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
-    if health_servicer is not None:
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    return server
+    """A worker gRPC server (not bound, not started): the one construction the process, the Serve
+    replica and the tests share."""
+    return platform_server(worker_pb2_grpc.add_WorkerServicer_to_server, servicer, SERVER_OPTIONS, health_servicer)
 
 
 @dataclass
