@@ -1,8 +1,9 @@
-"""What the shared server interceptors cost per streamed message: one grpc.aio server streaming
-Infer events with `server_interceptors()` vs one without, same process, rounds interleaved (A/B, B/A).
+"""What the shared interceptors cost per streamed message: a grpc.aio server streaming Infer events
+plain, with `server_interceptors()` (auth off), and with the platform token on (the server's token
+check plus the client channel's bearer interceptor), same process, rounds interleaved (rotated).
 
 Every worker token is one streamed message, so this is the interceptors' share of the token path;
-the auth and metrics interceptors of later issues add to the same row.
+the metrics interceptor of a later issue adds a row.
 
   .venv/bin/python bench/interceptor_overhead.py [--messages 20000] [--rounds 6] [--json out.json]
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +24,9 @@ import grpc
 from bench.report import pct, write_json
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
+from services.common.channels import aio_channel
 from services.common.interceptors import server_interceptors
+from services.common.vocabulary import ENV_RAY_AUTH_TOKEN
 
 
 class Streamer(worker_pb2_grpc.WorkerServicer):
@@ -35,13 +39,16 @@ class Streamer(worker_pb2_grpc.WorkerServicer):
             yield event
 
 
-async def per_message_us(interceptors: list, messages: int) -> float:
+TOKEN = "bench-token"
+
+
+async def per_message_us(interceptors: list, messages: int, token: str | None = None) -> float:
     server = grpc.aio.server(interceptors=interceptors)
     worker_pb2_grpc.add_WorkerServicer_to_server(Streamer(messages), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with aio_channel(f"127.0.0.1:{port}", token=token) as channel:
             stub = worker_pb2_grpc.WorkerStub(channel)
             async for _ in stub.Infer(pb.InferRequest()):  # warm-up stream
                 pass
@@ -53,25 +60,39 @@ async def per_message_us(interceptors: list, messages: int) -> float:
         await server.stop(0)
 
 
+def _with_token() -> list:
+    os.environ[ENV_RAY_AUTH_TOKEN] = TOKEN  # server_interceptors() reads it when the server is built
+    try:
+        return server_interceptors()
+    finally:
+        del os.environ[ENV_RAY_AUTH_TOKEN]
+
+
 async def main(args: argparse.Namespace) -> None:
-    plain: list[float] = []
-    intercepted: list[float] = []
+    os.environ.pop(ENV_RAY_AUTH_TOKEN, None)
+    runs: dict[str, list[float]] = {"plain": [], "interceptors": [], "interceptors+token": []}
+    setups = {"plain": ([], None), "interceptors": (server_interceptors(), None),
+              "interceptors+token": (_with_token(), TOKEN)}
+    names = list(runs)
     for r in range(args.rounds):
-        order = [(plain, []), (intercepted, server_interceptors())]
-        for into, interceptors in order if r % 2 == 0 else reversed(order):
-            into.append(await per_message_us(interceptors, args.messages))
-    p50 = {"plain": pct(plain, 50), "interceptors": pct(intercepted, 50)}
-    print(f"{'server':<24}{'us/message p50':>16}{'min':>10}{'max':>10}")
-    for name, values in (("plain", plain), ("server_interceptors()", intercepted)):
-        print(f"{name:<24}{pct(values, 50):>16.2f}{min(values):>10.2f}{max(values):>10.2f}")
-    print(f"added per message (p50): {p50['interceptors'] - p50['plain']:+.2f} us")
+        for name in names[r % 3:] + names[:r % 3]:
+            interceptors, token = setups[name]
+            runs[name].append(await per_message_us(interceptors, args.messages, token))
+    p50 = {name: pct(values, 50) for name, values in runs.items()}
+    print(f"{'server (client)':<44}{'us/message p50':>16}{'min':>10}{'max':>10}")
+    labels = {"plain": "plain", "interceptors": "server_interceptors(), auth off",
+              "interceptors+token": "server_interceptors() + token, bearer channel"}
+    for name, values in runs.items():
+        print(f"{labels[name]:<44}{p50[name]:>16.2f}{min(values):>10.2f}{max(values):>10.2f}")
+    for name in names[1:]:
+        print(f"added per message by {name} (p50): {p50[name] - p50['plain']:+.2f} us")
     if args.json:
-        write_json(Path(args.json), args, plain_us=plain, interceptors_us=intercepted, p50_us=p50)
+        write_json(Path(args.json), args, runs_us=runs, p50_us=p50)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=20000)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=6)  # a multiple of 3: each order equally often
     parser.add_argument("--json")
     asyncio.run(main(parser.parse_args()))

@@ -1,7 +1,7 @@
 """The `mship` command line: starts the platform and talks gRPC to the coordinator.
 
-Exit codes: 0 ok · 2 bad config or usage · 3 coordinator unreachable · 4 deploy failed ·
-5 the platform failed to start.
+Exit codes: 0 ok · 2 bad config or usage · 3 coordinator (or head) unreachable · 4 deploy failed ·
+5 the platform (or node) failed to start · 6 the token was refused.
 """
 
 from __future__ import annotations
@@ -11,28 +11,30 @@ import itertools
 import os
 import signal
 import sys
-import threading
 import time
-from pathlib import Path
 
 import grpc
 
+from clients import node_commands, status
+from clients.env_file import load_env_file
 from clients.modelset import ConfigError, load_model_set, parse_model
+from clients.node_commands import (
+    EXIT_BAD_CONFIG,
+    EXIT_DEPLOY_FAILED,
+    EXIT_OK,
+    EXIT_START_FAILED,
+    EXIT_UNAUTHENTICATED,
+    EXIT_UNREACHABLE,
+)
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from mship.coordinator.v1 import coordinator_pb2_grpc
-from services.common.vocabulary import ENV_CACHE_DIR, ENV_COORDINATOR, ENV_STATE_STORE, LOADERS
+from services.common.channels import sync_channel
+from services.common.vocabulary import ENV_COORDINATOR, ENV_RAY_AUTH_TOKEN, LOADERS
 
-EXIT_OK, EXIT_BAD_CONFIG, EXIT_UNREACHABLE, EXIT_DEPLOY_FAILED, EXIT_START_FAILED = 0, 2, 3, 4, 5
 DEFAULT_COORDINATOR = "127.0.0.1:50051"
 STATE_NAMES = {v: k.removeprefix("DEPLOY_STATE_").lower() for k, v in pb.DeployState.items()}
 PHASE_NAMES = {v: k.removeprefix("MODEL_PHASE_").lower() for k, v in pb.ModelPhase.items()}
-
-
-def pidfile(coordinator: str) -> Path:
-    """Where `mship start` leaves its pid, per coordinator port: several platforms may share a host."""
-    root = Path(os.environ.get(ENV_CACHE_DIR) or Path.home() / ".cache" / "mship")
-    return root / "run" / f"mship-start-{coordinator.rsplit(':', 1)[-1]}.pid"
 
 
 def _models_from_args(args: argparse.Namespace) -> list[common_pb2.ModelSpec]:
@@ -51,11 +53,17 @@ def _models_from_args(args: argparse.Namespace) -> list[common_pb2.ModelSpec]:
 
 
 def _stub(args: argparse.Namespace) -> tuple[grpc.Channel, coordinator_pb2_grpc.CoordinatorStub]:
-    channel = grpc.insecure_channel(args.coordinator)
+    channel = sync_channel(args.coordinator)  # carries MSHIP_RAY_AUTH_TOKEN when it is set
     return channel, coordinator_pb2_grpc.CoordinatorStub(channel)
 
 
-def _unreachable(args: argparse.Namespace, err: grpc.RpcError) -> int:
+def _rpc_failure(args: argparse.Namespace, err: grpc.RpcError) -> int:
+    """An unreachable coordinator or a refused token, said plainly; None for anything else."""
+    if err.code() == grpc.StatusCode.UNAUTHENTICATED:
+        given = "a wrong token" if os.environ.get(ENV_RAY_AUTH_TOKEN) else "no token"
+        print(f"mship: the coordinator at {args.coordinator} refused the call: {given} "
+              f"(set {ENV_RAY_AUTH_TOKEN} to the cluster token, in the environment or --env-file)", file=sys.stderr)
+        return EXIT_UNAUTHENTICATED
     print(f"mship: cannot reach the coordinator at {args.coordinator} ({err.code().name}); "
           "is `mship start` running? (--coordinator / MSHIP_COORDINATOR)", file=sys.stderr)
     return EXIT_UNREACHABLE
@@ -122,8 +130,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C: stop following, not the deploy
         return deploy(args, stub, models)
     except grpc.RpcError as e:
-        if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return _unreachable(args, e)
+        if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                        grpc.StatusCode.UNAUTHENTICATED):
+            return _rpc_failure(args, e)
         print(f"mship: {e.details()}", file=sys.stderr)
         return EXIT_BAD_CONFIG if e.code() == grpc.StatusCode.INVALID_ARGUMENT else EXIT_DEPLOY_FAILED
     finally:
@@ -136,7 +145,7 @@ def cmd_models(args: argparse.Namespace, verbose: bool = False) -> int:
         reply = stub.ListModels(pb.ListModelsRequest(include_serve_apps=verbose), timeout=10)
         snapshot = _routing_snapshot(stub) if verbose else pb.RoutingSnapshot()
     except grpc.RpcError as e:
-        return _unreachable(args, e)
+        return _rpc_failure(args, e)
     finally:
         channel.close()
     if verbose:
@@ -168,55 +177,36 @@ def _routing_snapshot(stub: coordinator_pb2_grpc.CoordinatorStub) -> pb.RoutingS
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from services.launcher import PlatformConfig, start_platform, stop_platform
+    models = _models_from_args(args)  # a bad config fails before anything starts
 
-    models = _models_from_args(args)
-    cfg = PlatformConfig(host=args.host, http_port=args.http_port, coordinator_port=args.coordinator_port,
-                         state_port=args.state_port, gateway_replicas=args.gateway_replicas,
-                         state_store=args.state_store or os.environ.get(ENV_STATE_STORE, "memory://"),
-                         ray_address=args.ray_address)
-    stop = threading.Event()
-
-    def on_signal(*_: object) -> None:
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-    pid = pidfile(cfg.coordinator_address)
-    pid.parent.mkdir(parents=True, exist_ok=True)
-    pid.write_text(str(os.getpid()))
-    try:
-        t0 = time.monotonic()
-        start_platform(cfg)
-        for sig in (signal.SIGINT, signal.SIGTERM):  # ray.init installs its own handlers: ours win
-            signal.signal(sig, on_signal)
-        if stop.is_set():
-            return EXIT_OK
-        print(f"mship platform up in {time.monotonic() - t0:.1f}s: coordinator {cfg.coordinator_address}, "
-              f"state {cfg.state_address}", flush=True)
+    def deploy_initial(args: argparse.Namespace) -> int:
         # --config: exactly that file; --model: add it; neither: the committed set the state holds.
-        args.coordinator, args.wait = cfg.coordinator_address, True
-        args.reconcile = args.config is not None or not models
+        args.wait, args.reconcile = True, args.config is not None or not models
         channel, stub = _stub(args)
         with channel:
-            code = deploy(args, stub, models)
+            return deploy(args, stub, models)
+
+    return node_commands.cmd_start(args, deploy_initial)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if not args.json:
+        code = cmd_models(args, verbose=True)
         if code != EXIT_OK:
-            print("mship: the initial deploy failed; the platform keeps running", file=sys.stderr)
-        print(f"OpenAI API at http://{cfg.host}:{cfg.http_port}/v1  (Ctrl-C or `mship stop` to stop)", flush=True)
-        stop.wait()
-        return EXIT_OK
-    except Exception as e:
-        print(f"mship: the platform failed to start: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_START_FAILED
+            return code
+    channel, stub = _stub(args)
+    try:
+        reply = stub.ClusterStatus(pb.ClusterStatusRequest(), timeout=10)
+    except grpc.RpcError as e:
+        return _rpc_failure(args, e)
     finally:
-        print("stopping mship ...", flush=True)
-        stop_platform()
-        if pid.exists() and pid.read_text() == str(os.getpid()):
-            pid.unlink()
+        channel.close()
+    print(status.dumps(reply) if args.json else "\n".join(status.status_text(reply)))
+    return EXIT_OK
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    pid = pidfile(args.coordinator)
+    pid = node_commands.pidfile(args.coordinator)
     try:
         target = int(pid.read_text())
         os.kill(target, signal.SIGTERM)
@@ -248,18 +238,18 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mship", description="Serve many models behind one OpenAI endpoint.")
     p.add_argument("--coordinator", default=os.environ.get(ENV_COORDINATOR, DEFAULT_COORDINATOR))
+    # On every subcommand too (`mship deploy --coordinator H:P`); given there, it wins.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--coordinator", default=argparse.SUPPRESS, metavar="HOST:PORT",
+                        help=f"the coordinator (default {DEFAULT_COORDINATOR}, or {ENV_COORDINATOR})")
+    common.add_argument("--env-file", metavar="FILE", help=f"KEY=VALUE lines to load first (e.g. {ENV_RAY_AUTH_TOKEN})")
     sub = p.add_subparsers(dest="command", required=True)
-    start = sub.add_parser("start", help="start the platform here and stay in the foreground")
+    start = sub.add_parser("start", parents=[common], help="start the platform (a head) here, in the foreground")
     _model_flags(start)
-    start.add_argument("--host", default="127.0.0.1")
-    start.add_argument("--http-port", type=int, default=8000)
-    start.add_argument("--coordinator-port", type=int, default=50051)
-    start.add_argument("--state-port", type=int, default=50052)
-    start.add_argument("--state-store", help="memory:// (default) or redis://host:port/db")
-    start.add_argument("--gateway-replicas", type=int, default=1)
-    start.add_argument("--ray-address", help="join this Ray cluster (e.g. `auto` under KubeRay) instead of "
-                       "starting an embedded one")
-    dep = sub.add_parser("deploy", help="apply a model set")
+    node_commands.add_start_flags(start)
+    join = sub.add_parser("join", parents=[common], help="join this machine to a head's cluster, in the foreground")
+    node_commands.add_join_flags(join)
+    dep = sub.add_parser("deploy", parents=[common], help="apply a model set")
     _model_flags(dep)
     dep.add_argument("--reconcile", action="store_true", help="make the running set exactly this one")
     dep.add_argument("--wait", action="store_true", help="follow the deploy to its end")
@@ -269,17 +259,19 @@ def parser() -> argparse.ArgumentParser:
                      help="cancel a running or queued deploy (it goes back) instead of queueing behind it")
     dep.add_argument("--cancel", metavar="ID", help="cancel a deploy: the platform goes back to the set before it")
     dep.add_argument("--status", metavar="ID")
-    sub.add_parser("status", help="services, models, replicas, versions")
-    sub.add_parser("models", help="the served models")
-    sub.add_parser("stop", help="stop a running `mship start`")
+    st = sub.add_parser("status", parents=[common], help="nodes, models, replicas, versions, what is pending")
+    st.add_argument("--json", action="store_true", help="machine-readable (stable keys: docs/multi-node.md)")
+    sub.add_parser("models", parents=[common], help="the served models")
+    sub.add_parser("stop", parents=[common], help="stop a running `mship start`")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    handlers = {"start": cmd_start, "deploy": cmd_deploy, "models": cmd_models,
-                "status": lambda a: cmd_models(a, verbose=True), "stop": cmd_stop}
+    handlers = {"start": cmd_start, "join": node_commands.cmd_join, "deploy": cmd_deploy, "models": cmd_models,
+                "status": cmd_status, "stop": cmd_stop}
     try:
+        load_env_file(args.env_file)
         code = handlers[args.command](args)
     except ConfigError as e:  # raised before anything was started or sent
         print(f"mship: {e}", file=sys.stderr)

@@ -58,14 +58,21 @@ def _messages(messages: list[dict[str, Any]]) -> list[pb.ChatMessage]:
 
 
 class MshipClient:
-    def __init__(self, coordinator: str, *, ready_timeout_s: float = 30.0) -> None:
-        self.table = RouteTable()
+    def __init__(self, coordinator: str, *, token: str | None = None, ready_timeout_s: float = 30.0) -> None:
+        """`token`: the cluster token when the platform has auth on (default: MSHIP_RAY_AUTH_TOKEN)."""
+        self.table = RouteTable(token=token)
         self._watcher = RoutingWatcher(coordinator, self.table, f"client-{uuid.uuid4().hex[:8]}")
         self._ready_timeout_s = ready_timeout_s
 
     async def __aenter__(self) -> MshipClient:
         self._watcher.start()
-        await asyncio.wait_for(self.table.received.wait(), self._ready_timeout_s)
+        try:
+            await asyncio.wait_for(self.table.received.wait(), self._ready_timeout_s)
+        except TimeoutError:
+            await self._watcher.stop()
+            err = self._watcher.last_error
+            raise MshipError(ErrorDetails.from_rpc_error(err) if err is not None else ErrorDetails(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"no routing table within {self._ready_timeout_s}s")) from None
         return self
 
     async def __aexit__(self, *exc: object) -> None:

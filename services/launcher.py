@@ -1,7 +1,8 @@
-"""`mship start`: an embedded single-node Ray head with Serve and the platform's services.
+"""`mship start`: a Ray head node of this machine with Serve and the platform's services.
 
 It composes the services into one platform, so it lives with them; the CLI (a client) only calls
-`start_platform` / `stop_platform`.
+`Platform.start` / `Platform.stop`. Other machines join the head's Ray cluster (`mship join`);
+every address handed to a service is one other nodes can dial (`advertised_address`).
 
 state (gRPC) -> coordinator (gRPC, deploys model apps) -> gateway (HTTP, N replicas on one
 SO_REUSEPORT port). Serve runs without its own proxies: every service serves its own port.
@@ -14,7 +15,10 @@ import logging
 import os
 from dataclasses import dataclass
 
-from services.common.vocabulary import ENV_COMPACTION_KEY, PLATFORM_ENV
+from services.cluster.capabilities import node_capabilities, resources
+from services.cluster.ports import check_free, is_loopback
+from services.cluster.ray_node import NodeConfig, RayNode
+from services.common.vocabulary import ENV_COMPACTION_KEY, ENV_RAY_AUTH_TOKEN, PLATFORM_ENV
 
 log = logging.getLogger(__name__)
 NAMESPACE = "mship"
@@ -32,78 +36,141 @@ RAY_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
 }
 ENGINE_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+HEAD_START_TIMEOUT_S = 60.0
 
 
 @dataclass
 class PlatformConfig:
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # what the services bind
     http_port: int = 8000
     coordinator_port: int = 50051
     state_port: int = 50052
+    gcs_port: int = 6380  # the head's Ray GCS (not Redis's 6379)
     state_store: str = "memory://"
     gateway_replicas: int = 1
     num_cpus: int = 0  # logical CPUs for Ray; 0 = 4 per physical core (replicas are small)
     ray_address: str | None = None  # join this Ray cluster (e.g. "auto" under KubeRay) instead of embedding one
+    advertise_address: str | None = None  # what other nodes dial; None: see `advertised_address`
+    token: str | None = None  # the cluster token: Ray token auth and the platform's gRPC; None: auth off
+    models_on_head: bool = True  # False: the head advertises no engine capability
+    capabilities: list[str] | None = None  # the head's engines; None: probed (MSHIP_NODE_CAPABILITIES overrides)
+
+    def __post_init__(self) -> None:
+        if self.advertise_address is None:
+            self.advertise_address = advertised_address(self.host)
 
     @property
     def coordinator_address(self) -> str:
-        return f"{self.host}:{self.coordinator_port}"
+        return f"{self.advertise_address}:{self.coordinator_port}"
 
     @property
     def state_address(self) -> str:
-        return f"{self.host}:{self.state_port}"
+        return f"{self.advertise_address}:{self.state_port}"
+
+    def ports(self) -> dict[str, tuple[str, int]]:
+        """flag -> (host, port) of every port this platform binds on this machine."""
+        out = {"--http-port": (self.host, self.http_port), "--coordinator-port": (self.host, self.coordinator_port),
+               "--state-port": (self.host, self.state_port)}
+        if not self.ray_address:
+            out["--gcs-port"] = (self.advertise_address or self.host, self.gcs_port)
+        return out
 
 
-def start_platform(cfg: PlatformConfig) -> None:
-    for key, value in {**RAY_ENV, **ENGINE_ENV}.items():
-        os.environ.setdefault(key, value)
-    if cfg.host.startswith("127."):
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep Ray on loopback
-    import ray
-    from ray import serve
+def advertised_address(host: str) -> str:
+    """The address other nodes reach this one at: loopback when everything is local, the bound
+    address when it is a specific one, else the node's IP as Ray sees it (never 0.0.0.0)."""
+    if is_loopback(host):
+        return "127.0.0.1"
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    from ray._private.services import node_ip_address_from_perspective
 
-    from services.coordinator.deployment import CoordinatorDeployment
-    from services.gateway.deployment import GatewayDeployment
-    from services.gateway.responses.compaction import CompactionCodec
-    from services.state.deployment import StateDeployment
-
-    # Compaction items must open on every gateway replica: one key for the cluster (set it to keep
-    # compacted chains valid across restarts).
-    os.environ.setdefault(ENV_COMPACTION_KEY, CompactionCodec.new_key())
-    env_vars = {k: os.environ[k] for k in (*RAY_ENV, *ENGINE_ENV, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-                                            "VLLM_CPU_KVCACHE_SPACE", *PLATFORM_ENV)
-                if k in os.environ}
-    if cfg.ray_address:
-        ray.init(address=cfg.ray_address, namespace=NAMESPACE, log_to_driver=False,
-                 runtime_env={"env_vars": env_vars})
-    else:
-        ray.init(address="local", num_cpus=cfg.num_cpus or 4 * (os.cpu_count() or 2), include_dashboard=False,
-                 namespace=NAMESPACE, log_to_driver=False, runtime_env={"env_vars": env_vars},
-                 _node_ip_address=cfg.host if cfg.host.startswith("127.") else None)
-    serve.start(proxy_location="Disabled")
-    serve.run(StateDeployment.bind(cfg.host, cfg.state_port, cfg.state_store), name=STATE_APP, route_prefix=None)
-    serve.run(CoordinatorDeployment.bind(cfg.host, cfg.coordinator_port, cfg.state_address),
-              name=COORDINATOR_APP, route_prefix=None)
-    serve.run(GatewayDeployment.options(num_replicas=cfg.gateway_replicas).bind(
-        cfg.host, cfg.http_port, cfg.coordinator_address, cfg.state_address), name=GATEWAY_APP, route_prefix=None)
+    return node_ip_address_from_perspective()
 
 
-def stop_platform(grace_s: float = 10.0) -> None:
-    """Stop Serve and Ray, then end any process of ours that outlived them (Ray's agents can)."""
-    import psutil
-    import ray
-    from ray import serve
+# Coordinator and state listen on the head: their ports are the ones operators open.
+ON_HEAD = {"node:__internal_head__": 0.001}
 
-    ours = psutil.Process().children(recursive=True)
-    try:
-        serve.shutdown()
-    finally:
-        ray.shutdown()
-    alive = [p for p in ours if p.is_running()]
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.terminate()
-    _, still = psutil.wait_procs(alive, timeout=grace_s)
-    for p in still:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
+
+class Platform:
+    """The head's platform: a Ray head node process (unless attached to `ray_address`), Serve and
+    the services. `stop` ends what `start` started, also after a failed start."""
+
+    def __init__(self, cfg: PlatformConfig) -> None:
+        self.cfg = cfg
+        self.node: RayNode | None = None
+
+    def start(self) -> None:
+        cfg = self.cfg
+        check_free(cfg.ports())
+        for key, value in {**RAY_ENV, **ENGINE_ENV}.items():
+            os.environ.setdefault(key, value)
+        if cfg.token:  # this driver, the head node's processes and the CLI's own calls carry it
+            os.environ.update({ENV_RAY_AUTH_TOKEN: cfg.token, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": cfg.token})
+        if is_loopback(cfg.ray_address.rsplit(":", 1)[0] if cfg.ray_address else cfg.advertise_address or ""):
+            # Read when ray is imported: without it, ray.init rewrites a loopback address to the
+            # machine's routable one, where a loopback head does not listen.
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        import ray
+        from ray import serve
+
+        from services.coordinator.deployment import CoordinatorDeployment
+        from services.gateway.deployment import GatewayDeployment
+        from services.gateway.responses.compaction import CompactionCodec
+        from services.state.deployment import StateDeployment
+
+        # Compaction items must open on every gateway replica: one key for the cluster (set it to keep
+        # compacted chains valid across restarts).
+        os.environ.setdefault(ENV_COMPACTION_KEY, CompactionCodec.new_key())
+        env_vars = {k: os.environ[k] for k in (*RAY_ENV, *ENGINE_ENV, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                                                "VLLM_CPU_KVCACHE_SPACE", *PLATFORM_ENV)
+                    if k in os.environ}
+        address = cfg.ray_address or self._start_head()
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, runtime_env={"env_vars": env_vars})
+        serve.start(proxy_location="Disabled")
+        on_head = {"ray_actor_options": {"num_cpus": 0.1, "resources": ON_HEAD}}
+        serve.run(StateDeployment.options(**on_head).bind(cfg.host, cfg.state_port, cfg.state_store),
+                  name=STATE_APP, route_prefix=None)
+        serve.run(CoordinatorDeployment.options(**on_head).bind(
+            cfg.host, cfg.coordinator_port, cfg.state_address, cfg.coordinator_address),
+            name=COORDINATOR_APP, route_prefix=None)
+        serve.run(GatewayDeployment.options(num_replicas=cfg.gateway_replicas).bind(
+            cfg.host, cfg.http_port, cfg.coordinator_address, cfg.state_address), name=GATEWAY_APP, route_prefix=None)
+
+    def _start_head(self) -> str:
+        cfg = self.cfg
+        caps = (cfg.capabilities if cfg.capabilities is not None else node_capabilities()) if cfg.models_on_head \
+            else []
+        self.node = RayNode(NodeConfig(
+            head=True, gcs_port=cfg.gcs_port, node_ip=cfg.advertise_address,
+            num_cpus=cfg.num_cpus or 4 * (os.cpu_count() or 2), resources=resources(caps), token=cfg.token,
+            drain_timeout_s=0))  # the platform stops Serve before its head: nothing left to drain
+        self.node.wait_started(HEAD_START_TIMEOUT_S)
+        log.info("Ray head on %s:%d, capabilities %s", cfg.advertise_address, cfg.gcs_port, caps)
+        return f"{cfg.advertise_address}:{cfg.gcs_port}"
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop Serve and Ray, then end any process of ours that outlived them (Ray's agents can)."""
+        import psutil
+
+        ours = psutil.Process().children(recursive=True)
+        try:
+            import ray
+            from ray import serve
+
+            if ray.is_initialized():
+                try:
+                    serve.shutdown()
+                finally:
+                    ray.shutdown()
+        finally:
+            if self.node is not None:
+                self.node.stop(grace_s)
+            alive = [p for p in ours if p.is_running()]
+            for p in alive:
+                with contextlib.suppress(psutil.Error):
+                    p.terminate()
+            _, still = psutil.wait_procs(alive, timeout=grace_s)
+            for p in still:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()

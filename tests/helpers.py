@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,3 +39,16 @@ def refused(parse: Callable[[Any], Any], body: Any, status: int = 400) -> OpenAI
     assert err.status == status, err
     assert err.body()["error"]["type"] == "invalid_request_error"
     return err
+
+
+def stream_then_drop(http_port: int, after_chunks: int, model: str = "tiny") -> None:
+    """Open a long SSE chat stream on a raw socket, read `after_chunks` events, then hang up."""
+    body = (b'{"model": "' + model.encode() + b'", "stream": true, "max_tokens": 900, "ignore_eos": true, '
+            b'"messages": [{"role": "user", "content": "Tell me a story."}]}')
+    sock = socket.create_connection(("127.0.0.1", http_port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    seen = b""
+    while seen.count(b"data: ") < after_chunks:
+        seen += sock.recv(65536)
+    sock.close()

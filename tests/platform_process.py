@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import httpx
 import psutil
 
@@ -20,6 +19,8 @@ from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.coordinator.v1 import coordinator_pb2_grpc
 from mship.state.v1 import state_pb2, state_pb2_grpc
+from services.common.channels import sync_channel
+from services.common.vocabulary import ENV_RAY_AUTH_TOKEN
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,6 +57,8 @@ class PlatformProcess:
     http_port: int
     coordinator_port: int
     state_port: int
+    gcs_port: int
+    token: str | None = None  # the cluster token when started with --enable-ray-auth
 
     @property
     def base_url(self) -> str:
@@ -65,28 +68,33 @@ class PlatformProcess:
     def coordinator(self) -> str:
         return f"127.0.0.1:{self.coordinator_port}"
 
+    @property
+    def gcs_address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
     @classmethod
     def start(cls, config: Path | None, log_path: Path, *, gateway_replicas: int = 2, state_store: str | None = None,
-              env: dict[str, str] | None = None) -> PlatformProcess:
-        ports = [free_port() for _ in range(3)]
+              env: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> PlatformProcess:
+        ports = [free_port() for _ in range(4)]  # every platform its own, GCS included: they run side by side
         cmd = [sys.executable, "-m", "clients.cli", "start", *(["--config", str(config)] if config else []),
                "--http-port", str(ports[0]), "--coordinator-port", str(ports[1]), "--state-port", str(ports[2]),
-               "--gateway-replicas", str(gateway_replicas), *(["--state-store", state_store] if state_store else [])]
+               "--gcs-port", str(ports[3]), "--gateway-replicas", str(gateway_replicas),
+               *(["--state-store", state_store] if state_store else []), *extra]
         log = open(log_path, "w")
         # Its own process group (signals from a terminal's Ctrl-C stay out) but the caller's session:
         # with sched_autogroup a session is a CPU scheduling group, and the test client in a session
         # of its own waited 100-800 ms for a CPU next to the busy platform.
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {})}, process_group=0)
-        return cls(proc, log_path, *ports)
+        return cls(proc, log_path, *ports, token=(env or {}).get(ENV_RAY_AUTH_TOKEN))
 
     # ---- the coordinator's and the state service's view, over their real gRPC APIs ----
     def _coordinator(self, call: str, request, timeout_s: float = 30):
-        with grpc.insecure_channel(self.coordinator) as channel:
+        with sync_channel(self.coordinator, token=self.token) as channel:
             return getattr(coordinator_pb2_grpc.CoordinatorStub(channel), call)(request, timeout=timeout_s)
 
     def routing(self) -> cpb.RoutingSnapshot:
-        with grpc.insecure_channel(self.coordinator) as channel:
+        with sync_channel(self.coordinator, token=self.token) as channel:
             stream = coordinator_pb2_grpc.CoordinatorStub(channel).WatchRouting(cpb.WatchRoutingRequest(), timeout=30)
             update = next(stream)
             stream.cancel()
@@ -105,7 +113,7 @@ class PlatformProcess:
         return self._coordinator("GetDeployment", cpb.GetDeploymentRequest(deploy_id=deploy_id))
 
     def committed(self) -> list[common_pb2.ModelSpec]:
-        with grpc.insecure_channel(f"127.0.0.1:{self.state_port}") as channel:
+        with sync_channel(f"127.0.0.1:{self.state_port}", token=self.token) as channel:
             reply = state_pb2_grpc.StateStub(channel).GetModelSet(state_pb2.GetModelSetRequest(), timeout=10)
         return list(reply.models)
 

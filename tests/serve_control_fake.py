@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
+from services.common.vocabulary import capability_resource
 from services.coordinator.deploy_log import KEEP_FINISHED, DeployRecord
 from services.coordinator.deployer import Deployer
+from services.coordinator.placement import unhostable
 from services.coordinator.registry import ReplicaRegistry
-from services.coordinator.serve_control import AppState, ModelApps
+from services.coordinator.serve_control import AppState, ModelApps, NodeState
 
 
 @dataclass
@@ -55,6 +57,9 @@ class FakeServe:
         self.inflight: dict[str, int] = {}  # replica id -> in-flight calls its heartbeats report
         self._ids = itertools.count()
         self._wake = asyncio.Event()
+        # One head that runs vLLM; a test sets what the cluster can host.
+        self.node_list = [NodeState("node-head", "head", "127.0.0.1", True, True,
+                                    {"CPU": 8.0, capability_resource("vllm"): 1000.0})]
 
     # ---- ServeControl ------------------------------------------------------------------------
     async def model_apps(self) -> dict[str, AppState]:
@@ -77,6 +82,9 @@ class FakeServe:
         for replica_id in app.replica_ids if app else []:
             await self.registry.unregister(replica_id)
         self._notify()
+
+    async def nodes(self) -> list[NodeState]:
+        return list(self.node_list)
 
     async def wait_app(self, name: str, timeout_s: float) -> AppState:
         async def settled() -> None:
@@ -110,6 +118,12 @@ class FakeServe:
         self.apps[app].target = replicas
         await self._converge(app)
 
+    async def join(self, node: NodeState) -> None:
+        """A node joins: what waited for its resources starts (as Ray places a pending replica)."""
+        self.node_list.append(node)
+        for app in list(self.apps):
+            await self._converge(app)
+
     def app_of(self, name: str) -> list[str]:
         return sorted(a for a, fake in self.apps.items() if fake.spec.name == name)
 
@@ -124,7 +138,7 @@ class FakeServe:
         app = self.apps[name]
         if app.spec.model in self.failing:
             app.status, app.message = "DEPLOY_FAILED", self.failing[app.spec.model]
-        elif app.spec.name not in self.held:
+        elif app.spec.name not in self.held and unhostable(app.spec, self.node_list) is None:
             while len(app.replica_ids) > app.target:
                 await self.registry.unregister(app.replica_ids.pop())
             while len(app.replica_ids) < app.target:

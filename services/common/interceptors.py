@@ -1,7 +1,8 @@
 """Server interceptors shared by every mship gRPC service (worker, coordinator, state).
 
 `ErrorInterceptor` is the one place where a raised `ServiceError` becomes the call's rich status
-(code + google.rpc details): servicers only raise. Auth and metrics interceptors sit beside it.
+(code + google.rpc details): servicers only raise. The token check (services/common/auth.py) runs
+before it; metrics will sit beside them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
+from services.common.auth import TokenAuthInterceptor, platform_token
 from services.common.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -58,8 +60,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
 
 def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
-    """The interceptors every mship gRPC server is built with, outermost first."""
-    return [ErrorInterceptor()]
+    """The interceptors every mship gRPC server is built with, outermost first: the token check
+    (when the cluster has one) refuses before anything else runs."""
+    token = platform_token()
+    return [*([TokenAuthInterceptor(token)] if token else []), ErrorInterceptor()]
 
 
 def platform_server(add_servicer: Callable[[Any, grpc.aio.Server], None], servicer: Any,

@@ -21,6 +21,7 @@ import grpc
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.coordinator.v1 import coordinator_pb2_grpc
 from mship.worker.v1 import worker_pb2_grpc
+from services.common.channels import aio_channel
 from services.common.picker import LeastOutstanding, ReplicaPicker
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ class Route:
 class RouteTable:
     """Routes from the latest snapshot, with one channel per worker endpoint (reused across snapshots)."""
 
-    def __init__(self, picker: ReplicaPicker | None = None) -> None:
+    def __init__(self, picker: ReplicaPicker | None = None, token: str | None = None) -> None:
+        self.token = token  # None: this node's platform token
         self.picker: ReplicaPicker = picker or LeastOutstanding()
         self.version = 0
         self.routes: dict[str, Route] = {}
@@ -64,7 +66,7 @@ class RouteTable:
                 address = f"{replica.endpoint.host}:{replica.endpoint.port}"
                 live.add(address)
                 if address not in self._channels:
-                    channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+                    channel = aio_channel(address, CHANNEL_OPTIONS, self.token)
                     self._channels[address] = (channel, Endpoint(address, replica.replica_id,
                                                                  worker_pb2_grpc.WorkerStub(channel)))
                 route.endpoints.append(self._channels[address][1])
@@ -98,6 +100,7 @@ class RoutingWatcher:
         self.coordinator = coordinator
         self.table = table
         self.subscriber_id = subscriber_id
+        self.last_error: grpc.aio.AioRpcError | None = None  # why the watch last broke (callers report it)
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -105,7 +108,7 @@ class RoutingWatcher:
 
     async def _run(self) -> None:
         backoff = 0.1
-        async with grpc.aio.insecure_channel(self.coordinator) as channel:
+        async with aio_channel(self.coordinator, token=self.table.token) as channel:
             stub = coordinator_pb2_grpc.CoordinatorStub(channel)
             while True:
                 try:
@@ -114,6 +117,7 @@ class RoutingWatcher:
                         if update.HasField("snapshot"):
                             self.table.apply(update.snapshot)
                 except grpc.aio.AioRpcError as e:
+                    self.last_error = e
                     log.info("routing watch broke (%s); keeping version %d", e.code().name, self.table.version)
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
                 backoff = min(backoff * 2, 2.0)

@@ -19,6 +19,17 @@ TOOL_PARSERS = ("hermes", "none")
 REASONING_PARSERS = ("think", "none")
 
 
+def loader_name(loader: int) -> str:
+    """A ModelSpec's loader as its models.yaml name (unspecified: the default, vllm)."""
+    return LOADER_NAMES.get(loader, "vllm")
+
+
+def capability_resource(loader: str) -> str:
+    """The Ray custom resource a node advertises when it can run `loader`; every replica of a model
+    with that loader requests it, so Ray places it only where the engine really runs."""
+    return f"mship_{loader}"
+
+
 def loader_not_implemented(name: str) -> str | None:
     """Why `name` cannot be deployed yet, or None when it can."""
     if name in IMPLEMENTED_LOADERS:
@@ -34,6 +45,9 @@ ENV_REDIS_PASSWORD = "MSHIP_REDIS_PASSWORD"      # for a redis:// store URL with
 ENV_CACHE_DIR = "MSHIP_CACHE_DIR"                # built models (default ~/.cache/mship)
 ENV_TRUST_IDENTITY_HEADER = "MSHIP_TRUST_IDENTITY_HEADER"  # "1": honour x-mship-identity
 ENV_COMPACTION_KEY = "MSHIP_COMPACTION_KEY"      # base64 of 32 bytes, shared by every gateway replica
+ENV_RAY_AUTH_TOKEN = "MSHIP_RAY_AUTH_TOKEN"      # the cluster token: Ray's, and the platform's own gRPC
+ENV_NODE_CAPABILITIES = "MSHIP_NODE_CAPABILITIES"  # JSON list of loaders this node runs (overrides probes)
 
-# Passed from `mship start` to every replica of the job.
+# Passed from `mship start` to every replica of the job. (Not the token: every node's Ray processes
+# inherit it from the node's own environment, so it never sits in the job's runtime_env.)
 PLATFORM_ENV = (ENV_CACHE_DIR, ENV_REDIS_PASSWORD, ENV_TRUST_IDENTITY_HEADER, ENV_COMPACTION_KEY)

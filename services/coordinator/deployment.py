@@ -32,8 +32,8 @@ RECOVERY_WAIT_S = 3 * HEARTBEAT_INTERVAL_S + 2.0  # for the running replicas to 
 @serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=4, health_check_period_s=2,
                   num_replicas=1)
 class CoordinatorDeployment:
-    async def __init__(self, host: str, port: int, state_address: str) -> None:
-        self.address = f"{host}:{port}"
+    async def __init__(self, host: str, port: int, state_address: str, advertise: str | None = None) -> None:
+        self.address = advertise or f"{host}:{port}"  # what workers dial: never a wildcard bind address
         self.state = StateClient(state_address)
         self.serve = RayServeControl()
         self.registry = ReplicaRegistry(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
@@ -42,7 +42,7 @@ class CoordinatorDeployment:
         self.servicer = CoordinatorServicer(self.registry, self.deployer, LeaseManager(), self.serve,
                                             HEARTBEAT_INTERVAL_S)
         self.health = health.aio.HealthServicer()
-        self.server, _ = coordinator_server(self.servicer, self.address, self.health)
+        self.server, _ = coordinator_server(self.servicer, f"{host}:{port}", self.health)
         await self.server.start()
         self._tasks = [asyncio.create_task(self._recover()), asyncio.create_task(self._expire_loop())]
         log.info("coordinator on %s", self.address)

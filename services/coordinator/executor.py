@@ -17,9 +17,10 @@ from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from services.coordinator.deploy_log import DeployRecord
 from services.coordinator.fingerprint import app_name
+from services.coordinator.placement import unhostable
 from services.coordinator.planner import Plan, RunningModel, needs_serve_targets, plan_deploy
 from services.coordinator.registry import ActiveModel, ReplicaRegistry
-from services.coordinator.serve_control import ServeControl
+from services.coordinator.serve_control import ModelApps, ServeControl
 
 log = logging.getLogger(__name__)
 Phase = pb.ModelPhase
@@ -70,16 +71,21 @@ class Executor:
         apps = {app_name(spec, version): (spec, version) for spec, version in plan.add.values()}
         for spec, version in plan.add.values():
             record.emit(model=self._progress(spec.name, version, Phase.MODEL_PHASE_SCHEDULED))
+        waiting, refused = await self._unhostable(record, apps)
+        if not apps:
+            return False
         t0 = time.monotonic()
         self._pending_apps.update(apps)
         # Shielded: Serve's call runs in a thread that a cancel cannot stop, and a restore must not
         # delete the apps before that thread has created them.
         self._submitting = asyncio.ensure_future(self.serve.submit(apps, self.coordinator_address))
         await asyncio.shield(self._submitting)
+        for app, why in waiting.items():
+            await self._wait_for_room(record, app, *apps[app], why)
         waits = [asyncio.ensure_future(self._await_ready(record, app, spec, version, t0, plan.drain_timeout_s))
-                 for app, (spec, version) in apps.items()]
+                 for app, (spec, version) in apps.items() if app not in waiting]
         try:
-            return all(await asyncio.gather(*waits))
+            return all(await asyncio.gather(*waits)) and not refused
         except Exception:
             # One model's wait broke (a Serve failure): the others must not go on switching routes
             # for a deploy that has failed; what never switched is torn down, the old versions serve.
@@ -90,6 +96,32 @@ class Executor:
                 await self.serve.delete(app)
                 self._pending_apps.discard(app)
             raise
+
+    async def _unhostable(self, record: DeployRecord, apps: ModelApps) -> tuple[dict[str, str], bool]:
+        """Models no alive node can host now. A new one is still submitted and waits (-> app: why);
+        a new version of a served one is refused (taken out of `apps`) and the old one serves on."""
+        nodes = await self.serve.nodes()
+        waiting, refused = {}, False
+        for app, (spec, version) in list(apps.items()):
+            why = unhostable(spec, nodes)
+            if why is None:
+                continue
+            if spec.name in self.running:
+                del apps[app]
+                refused = True
+                record.emit(model=self._progress(spec.name, version, Phase.MODEL_PHASE_FAILED, reason=why))
+            else:
+                waiting[app] = why
+        return waiting, refused
+
+    async def _wait_for_room(self, record: DeployRecord, app: str, spec: common_pb2.ModelSpec, version: str,
+                             why: str) -> None:
+        """A new model no node can host yet: it is deployed and routed (with no replica, so pending)
+        and Ray starts its replica when a node that can run it joins; the deploy does not wait."""
+        self.running[spec.name] = RunningModel(spec, version, app, 0.0)
+        self._pending_apps.discard(app)
+        await self.registry.set_active(spec.name, ActiveModel(version, spec.usecase, spec.max_model_len))
+        record.emit(model=self._progress(spec.name, version, Phase.MODEL_PHASE_PENDING, reason=why))
 
     async def _rescale(self, record: DeployRecord, name: str, spec: common_pb2.ModelSpec) -> bool:
         current = self.running[name]

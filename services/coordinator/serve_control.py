@@ -22,6 +22,16 @@ class AppState:
     target_replicas: int = 0
 
 
+@dataclass
+class NodeState:
+    node_id: str
+    name: str
+    address: str
+    alive: bool
+    is_head: bool
+    resources: dict[str, float]
+
+
 ModelApps = dict[str, tuple[common_pb2.ModelSpec, str]]  # Serve app name -> (spec, version)
 
 
@@ -48,6 +58,10 @@ class ServeControl(Protocol):
         """Wait until the app runs or failed; a missing app or a timeout count as failed."""
         ...
 
+    async def nodes(self) -> list[NodeState]:
+        """The cluster's nodes (alive and recently dead) with their total resources."""
+        ...
+
 
 def _apps() -> dict[str, AppState]:
     from ray.serve.context import _get_global_client
@@ -66,6 +80,14 @@ def _apps() -> dict[str, AppState]:
     return out
 
 
+def _nodes() -> list[NodeState]:
+    import ray
+
+    return [NodeState(n["NodeID"], n.get("NodeName", ""), n.get("NodeManagerAddress", ""), bool(n.get("Alive")),
+                      "node:__internal_head__" in n.get("Resources", {}), dict(n.get("Resources", {})))
+            for n in ray.nodes()]
+
+
 def _value(enum_or_str: object) -> str:
     return str(getattr(enum_or_str, "value", enum_or_str) or "")
 
@@ -75,6 +97,9 @@ class RayServeControl:
 
     async def model_apps(self) -> dict[str, AppState]:
         return await asyncio.to_thread(_apps)
+
+    async def nodes(self) -> list[NodeState]:
+        return await asyncio.to_thread(_nodes)
 
     async def submit(self, apps: ModelApps, coordinator: str) -> None:
         """Submit model apps (name -> (spec, version)) without waiting for them to run."""

@@ -12,12 +12,14 @@ import grpc
 
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from mship.coordinator.v1 import coordinator_pb2_grpc
+from services.cluster.capabilities import capabilities_of
 from services.common.errors import Reason, ServiceError, invalid_parameter
 from services.common.vocabulary import LOADER_NAMES, loader_not_implemented
 from services.coordinator.deploy_log import DeployRecord
 from services.coordinator.deployer import Deployer
 from services.coordinator.fingerprint import version_of
 from services.coordinator.leases import LeaseManager
+from services.coordinator.placement import unhostable
 from services.coordinator.registry import ReplicaRegistry
 from services.coordinator.serve_control import ServeControl
 
@@ -108,6 +110,24 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             for name, app in sorted((await self.serve.model_apps()).items()):
                 out.apps.append(pb.ServeApp(name=name, status=app.status, running_replicas=app.running_replicas,
                                             target_replicas=app.target_replicas))
+        return out
+
+
+    async def ClusterStatus(self, request: pb.ClusterStatusRequest, context) -> pb.ClusterStatusResponse:
+        nodes = await self.serve.nodes()
+        out = pb.ClusterStatusResponse(nodes=[
+            pb.NodeStatus(node_id=n.node_id, name=n.name, address=n.address, alive=n.alive, is_head=n.is_head,
+                          capabilities=capabilities_of(n.resources), resources=n.resources) for n in nodes])
+        for model in self.deployer.running_models():
+            name, version = model.spec.name, model.version
+            live = {r.replica_id for r in self.registry.live(name, version)}
+            status = out.models.add(name=name, version=version)
+            for r in self.registry.replicas_of(name, version):
+                status.replicas.add(replica_id=r.info.replica_id, node_id=r.info.node_id,
+                                    endpoint=f"{r.info.endpoint.host}:{r.info.endpoint.port}",
+                                    state="ready" if r.info.replica_id in live else "unresponsive")
+            if not live:
+                out.pending.add(name=name, reason=unhostable(model.spec, nodes) or "loading: no live replica yet")
         return out
 
 

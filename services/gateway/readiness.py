@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, Response
 
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.coordinator.v1 import coordinator_pb2_grpc
+from services.common.channels import aio_channel
 from services.common.routes import RouteTable
 
 
@@ -33,7 +34,7 @@ def readiness_router(table: RouteTable, coordinator: str) -> APIRouter:
 async def _load_times(coordinator: str) -> dict[str, float]:
     """Per-model load times from the coordinator (readiness detail; absent if it is unreachable)."""
     try:
-        async with grpc.aio.insecure_channel(coordinator) as channel:
+        async with aio_channel(coordinator) as channel:
             reply = await coordinator_pb2_grpc.CoordinatorStub(channel).ListModels(cpb.ListModelsRequest(), timeout=1)
     except grpc.aio.AioRpcError:
         return {}

@@ -22,6 +22,7 @@ import grpc
 from mship.common.v1 import common_pb2
 from mship.state.v1 import state_pb2 as pb
 from mship.state.v1 import state_pb2_grpc
+from services.common.channels import aio_channel
 from services.common.errors import ErrorDetails
 
 ACTIVE = (pb.RUN_STATUS_QUEUED, pb.RUN_STATUS_IN_PROGRESS)
@@ -76,7 +77,7 @@ def key(identity: str, response_id: str) -> pb.ResponseKey:
 
 class StateClient:
     def __init__(self, address: str, gateway: str = "default", timeout_s: float = 10.0) -> None:
-        self._channel = grpc.aio.insecure_channel(address, options=[
+        self._channel = aio_channel(address, options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             # gRPC's default backoff grows to 120 s: after a restart of the state service its

@@ -16,6 +16,7 @@ from ray import serve
 
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as cpb
+from services.common.vocabulary import capability_resource, loader_name
 from services.worker.registration import Registrar, node_lease
 from services.worker.server import WorkerServer, start_worker_server
 
@@ -73,8 +74,10 @@ class WorkerDeployment:
 
 def worker_app(spec: common_pb2.ModelSpec, version: str, coordinator: str):
     """The Serve application of one model version (replica count and resources from the spec)."""
+    # The loader's capability resource: Ray places a replica only on a node that runs its engine.
     options: dict = {"name": "worker",
-                     "ray_actor_options": {"num_cpus": spec.num_cpus or 0.5, "num_gpus": spec.num_gpus}}
+                     "ray_actor_options": {"num_cpus": spec.num_cpus or 0.5, "num_gpus": spec.num_gpus,
+                                           "resources": {capability_resource(loader_name(spec.loader)): 1}}}
     if spec.HasField("autoscaling"):
         a = spec.autoscaling
         options["autoscaling_config"] = {

@@ -15,6 +15,7 @@ import grpc
 
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from mship.coordinator.v1 import coordinator_pb2_grpc
+from services.common.channels import aio_channel
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ class Registrar:
         self.replica = replica
         self._inflight = inflight
         self._interval_s = interval_s
-        self._channel = grpc.aio.insecure_channel(coordinator)
+        self._channel = aio_channel(coordinator)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
         self._task: asyncio.Task | None = None
 
@@ -78,7 +79,7 @@ LEASE_TTL_S = 30.0
 async def node_lease(coordinator: str, node_id: str, holder: str, ttl_s: float = LEASE_TTL_S):
     """Hold the node's load lease for the body: replicas on one node load one at a time. Renewed
     while held; if this process dies, the lease expires after `ttl_s` and the next loader goes."""
-    async with grpc.aio.insecure_channel(coordinator) as channel:
+    async with aio_channel(coordinator) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         lease = None
         while lease is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 
 import grpc
@@ -18,6 +17,7 @@ from mship.state.v1 import state_pb2, state_pb2_grpc
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 from services.worker.builtin import corpus
+from tests.helpers import stream_then_drop
 from tests.integration.conftest import PLATFORM_MODELS, TINY
 from tests.load_generator import LoadGenerator
 from tests.platform_process import PlatformProcess, mship
@@ -73,21 +73,8 @@ def test_tool_calls_through_the_edge(client):
     assert choice.message.tool_calls[0].function.name == corpus.EXPECTED_TOOL_CALL["name"]
 
 
-def _stream_then_drop(platform: PlatformProcess, after_chunks: int) -> None:
-    """Open a long SSE stream on a raw socket, read `after_chunks` events, then hang up."""
-    body = (b'{"model": "tiny", "stream": true, "max_tokens": 900, "ignore_eos": true, '
-            b'"messages": [{"role": "user", "content": "Tell me a story."}]}')
-    sock = socket.create_connection(("127.0.0.1", platform.http_port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    seen = b""
-    while seen.count(b"data: ") < after_chunks:
-        seen += sock.recv(65536)
-    sock.close()
-
-
 async def test_client_disconnect_mid_stream_aborts_engine_work(platform, worker_stub):
-    await asyncio.to_thread(_stream_then_drop, platform, 5)
+    await asyncio.to_thread(stream_then_drop, platform.http_port, 5)
     report, _ = await wait_load(worker_stub, lambda r: r.running_requests == 0 and r.inflight_calls == 0,
                                 CANCEL_DEADLINE_S)
     frozen = report.generated_tokens_total

@@ -11,8 +11,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 400
 # What a client may import from this repository: generated stubs, services.common (errors, routing,
-# the Infer call, the vocabulary) and the launcher that `mship start` runs in-process.
-CLIENT_MAY_IMPORT = ("mship.", "services.common.", "services.launcher", "clients.")
+# the Infer call, the vocabulary), the launcher that `mship start` runs in-process and the Ray node
+# processes (services.cluster) that `mship start` / `mship join` run.
+CLIENT_MAY_IMPORT = ("mship.", "services.common.", "services.launcher", "services.cluster.", "clients.")
 
 
 def _imports(path: Path) -> list[str]:

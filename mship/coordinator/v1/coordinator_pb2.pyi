@@ -25,6 +25,7 @@ class ModelPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_PHASE_REMOVING: _ClassVar[ModelPhase]
     MODEL_PHASE_REMOVED: _ClassVar[ModelPhase]
     MODEL_PHASE_RESCALED: _ClassVar[ModelPhase]
+    MODEL_PHASE_PENDING: _ClassVar[ModelPhase]
 
 class DeployState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -52,6 +53,7 @@ MODEL_PHASE_UNCHANGED: ModelPhase
 MODEL_PHASE_REMOVING: ModelPhase
 MODEL_PHASE_REMOVED: ModelPhase
 MODEL_PHASE_RESCALED: ModelPhase
+MODEL_PHASE_PENDING: ModelPhase
 DEPLOY_STATE_UNSPECIFIED: DeployState
 DEPLOY_STATE_QUEUED: DeployState
 DEPLOY_STATE_RUNNING: DeployState
@@ -345,3 +347,72 @@ class ListModelsResponse(_message.Message):
     routing_version: int
     apps: _containers.RepeatedCompositeFieldContainer[ServeApp]
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., routing_version: _Optional[int] = ..., apps: _Optional[_Iterable[_Union[ServeApp, _Mapping]]] = ...) -> None: ...
+
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node_id", "name", "address", "alive", "is_head", "capabilities", "resources")
+    class ResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    IS_HEAD_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    name: str
+    address: str
+    alive: bool
+    is_head: bool
+    capabilities: _containers.RepeatedScalarFieldContainer[str]
+    resources: _containers.ScalarMap[str, float]
+    def __init__(self, node_id: _Optional[str] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., is_head: _Optional[bool] = ..., capabilities: _Optional[_Iterable[str]] = ..., resources: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("replica_id", "node_id", "endpoint", "state")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    node_id: str
+    endpoint: str
+    state: str
+    def __init__(self, replica_id: _Optional[str] = ..., node_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
+
+class ModelStatus(_message.Message):
+    __slots__ = ("name", "version", "replicas")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
+
+class PendingModel(_message.Message):
+    __slots__ = ("name", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ClusterStatusResponse(_message.Message):
+    __slots__ = ("nodes", "models", "pending")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    models: _containers.RepeatedCompositeFieldContainer[ModelStatus]
+    pending: _containers.RepeatedCompositeFieldContainer[PendingModel]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., models: _Optional[_Iterable[_Union[ModelStatus, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingModel, _Mapping]]] = ...) -> None: ...

@@ -89,6 +89,11 @@ class CoordinatorStub:
                 request_serializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.ClusterStatus = channel.unary_unary(
+                '/mship.coordinator.v1.Coordinator/ClusterStatus',
+                request_serializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ClusterStatusRequest.SerializeToString,
+                response_deserializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ClusterStatusResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -166,6 +171,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ClusterStatus(self, request, context):
+        """The cluster as operators see it: nodes with their capabilities, models with their replicas,
+        and the models that wait for a node that can host them (`mship status`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -223,6 +236,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ListModelsRequest.FromString,
                     response_serializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'ClusterStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClusterStatus,
+                    request_deserializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ClusterStatusRequest.FromString,
+                    response_serializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ClusterStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -522,6 +540,33 @@ class Coordinator:
             '/mship.coordinator.v1.Coordinator/ListModels',
             mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ListModelsRequest.SerializeToString,
             mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClusterStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mship.coordinator.v1.Coordinator/ClusterStatus',
+            mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ClusterStatusRequest.SerializeToString,
+            mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ClusterStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,63 @@
+"""What engines a node can really run, advertised as Ray custom resources `mship_<loader>`.
+
+Every model replica requests its loader's resource, so Ray places it only on a node that can run
+its engine; a model no node can host stays pending (the coordinator names the missing resource).
+`MSHIP_NODE_CAPABILITIES` (a JSON list such as `["vllm"]`; `[]` for none) overrides the probes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Callable, Mapping
+
+from services.common.vocabulary import ENV_NODE_CAPABILITIES, IMPLEMENTED_LOADERS, capability_resource
+
+# A node advertises this many of a capability and each replica requests one: the capability says
+# what can run there; CPUs, GPUs and memory say how much.
+SLOTS = 1000.0
+
+
+class CapabilityError(ValueError):
+    pass
+
+
+def _vllm() -> bool:
+    # The import check without paying for the import (seconds): both packages are installed.
+    return all(importlib.util.find_spec(name) is not None for name in ("vllm", "torch"))
+
+
+PROBES: dict[str, Callable[[], bool]] = {"vllm": _vllm}
+
+
+def parse(text: str) -> list[str]:
+    """An `MSHIP_NODE_CAPABILITIES` value: a JSON list of loader names."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CapabilityError(f"{ENV_NODE_CAPABILITIES} must be a JSON list such as '[\"vllm\"]': {e}") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CapabilityError(f"{ENV_NODE_CAPABILITIES} must be a JSON list of loader names, got {text!r}")
+    unknown = sorted(set(value) - IMPLEMENTED_LOADERS)
+    if unknown:
+        raise CapabilityError(f"{ENV_NODE_CAPABILITIES}: unknown loader(s) {unknown}; known: "
+                              f"{sorted(IMPLEMENTED_LOADERS)}")
+    return sorted(set(value))
+
+
+def node_capabilities(env: Mapping[str, str] = os.environ) -> list[str]:
+    """The loaders this node runs: the override if set, else those whose probe passes."""
+    if ENV_NODE_CAPABILITIES in env:
+        return parse(env[ENV_NODE_CAPABILITIES])
+    return sorted(loader for loader, probe in PROBES.items() if loader in IMPLEMENTED_LOADERS and probe())
+
+
+def resources(capabilities: list[str]) -> dict[str, float]:
+    """Ray custom resources for `ray start --resources`."""
+    return {capability_resource(loader): SLOTS for loader in capabilities}
+
+
+def capabilities_of(node_resources: Mapping[str, float]) -> list[str]:
+    """The loaders a node advertises, read back from its Ray resources."""
+    return sorted(loader for loader in IMPLEMENTED_LOADERS if node_resources.get(capability_resource(loader), 0) > 0)

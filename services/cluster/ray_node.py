@@ -1,0 +1,141 @@
+"""One Ray node process of this machine: `ray start --block` (through ray_cli), as a head or joined
+to one, in its own process group so that stopping it ends exactly what it started.
+
+Failures are classified for operators: a refused token, an unreachable head, anything else with
+the tail of Ray's output. SIGTERM makes Ray drain the node (Serve moves its replicas, for up to the
+drain timeout) before its processes stop.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from services.cluster.ports import free_port
+
+STARTED_MARK = "Ray runtime started"
+AUTH_MARKS = ("AuthenticationError", "InvalidAuthToken")
+UNREACHABLE_MARKS = ("Timed out while waiting for GCS", "Failed to connect to GCS", "Unable to connect to GCS")
+
+
+class NodeStartError(RuntimeError):
+    def __init__(self, kind: str, message: str) -> None:  # kind: auth | unreachable | failed
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class NodeConfig:
+    head: bool
+    gcs_port: int = 6380                  # head: where the GCS listens
+    gcs_address: str = ""                 # joiner: the head's GCS
+    node_ip: str | None = None            # the address other nodes reach; None: Ray's own choice
+    num_cpus: float | None = None
+    num_gpus: int | None = None
+    memory: int | None = None
+    node_name: str | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+    token: str | None = None              # the cluster token (Ray token auth), None: auth off
+    drain_timeout_s: float = 30.0         # SIGTERM: how long Serve may move this node's replicas
+
+    def command(self) -> list[str]:
+        host = self.node_ip or "0.0.0.0"
+        cmd = [sys.executable, "-m", "services.cluster.ray_cli", "start", "--block", "--disable-usage-stats",
+               # Fixed defaults that co-located nodes would share: give each node its own.
+               "--dashboard-agent-listen-port", str(free_port(host))]
+        if self.head:
+            cmd += ["--head", "--port", str(self.gcs_port), "--include-dashboard", "false",
+                    "--dashboard-port", str(free_port(host)), "--ray-client-server-port", str(free_port(host))]
+        else:
+            cmd += ["--address", self.gcs_address]
+        for flag, value in (("--node-ip-address", self.node_ip), ("--num-cpus", self.num_cpus),
+                            ("--num-gpus", self.num_gpus), ("--memory", self.memory),
+                            ("--node-name", self.node_name)):
+            if value is not None:
+                cmd += [flag, str(int(value) if isinstance(value, float) and value.is_integer() else value)]
+        if self.resources:
+            cmd += ["--resources", json.dumps(self.resources)]
+        return cmd
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        env = {**base, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(self.drain_timeout_s)}
+        env.pop("RAY_AUTH_MODE", None)
+        env.pop("RAY_AUTH_TOKEN", None)
+        if self.token:
+            env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token)
+        env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # a driver's loopback switch; a joiner refuses it
+        return env
+
+
+class RayNode:
+    """A running `ray start --block`; its output is kept (the last lines) and echoed to `echo`."""
+
+    def __init__(self, cfg: NodeConfig, env: dict[str, str] | None = None, echo: bool = False) -> None:
+        self.cfg = cfg
+        self.output: collections.deque[str] = collections.deque(maxlen=200)
+        self._started = threading.Event()
+        self._echo = echo
+        self.proc = subprocess.Popen(cfg.command(), env=cfg.env(dict(env if env is not None else os.environ)),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     process_group=0)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line.rstrip())
+            if self._echo:
+                print(line, end="", file=sys.stderr, flush=True)
+            if STARTED_MARK in line:
+                self._started.set()
+
+    def wait_started(self, timeout_s: float) -> None:
+        """Until Ray reports the node up; NodeStartError (classified) if it exits or times out."""
+        deadline = time.monotonic() + timeout_s
+        while not self._started.wait(0.2):
+            if self.proc.poll() is not None:
+                self._reader.join(2)
+                raise self._failure()
+            if time.monotonic() > deadline:
+                self.stop(grace_s=5)
+                raise self._failure(timed_out=True)
+
+    def _failure(self, timed_out: bool = False) -> NodeStartError:
+        text = "\n".join(self.output)
+        where = self.cfg.gcs_address or f"port {self.cfg.gcs_port}"
+        if any(mark in text for mark in AUTH_MARKS):
+            return NodeStartError("auth", f"the cluster at {where} refused this node's token")
+        if timed_out or any(mark in text for mark in UNREACHABLE_MARKS):
+            return NodeStartError("unreachable", f"cannot reach the Ray head at {where}")
+        tail = "\n".join(list(self.output)[-15:])
+        return NodeStartError("failed", f"the Ray node exited with {self.proc.returncode}:\n{tail}")
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace_s: float | None = None) -> int:
+        """SIGTERM (Ray drains the node first), then SIGKILL of the group after the grace."""
+        grace = self.cfg.drain_timeout_s + 15 if grace_s is None else grace_s
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # to `ray start` only: the group's raylet must drain first
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self._kill_group()
+                self.proc.wait()
+        self._kill_group()  # anything of the group that outlived it (Ray's agents can)
+        return self.proc.returncode
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
