@@ -67,13 +67,12 @@ async def test_tool_call_parsed_from_real_generation(stub):
     assert r.final.choices[0].finish_reason == pb.FINISH_REASON_TOOL_CALLS
 
 
-# Issue #10, 8c: a phrasing, city and tool name that builtin:tiny-qwen2 never saw in training.
-HELD_OUT_PROMPT = "Right now, how's the weather in Reykjavik?"
-HELD_OUT_TOOL = {"type": "function", "function": {**corpus.WEATHER_TOOL["function"], "name": "find_forecast"}}
+# Issue #10, 8c: a phrasing, city and tool name that builtin:tiny-qwen2 never saw in training (its build
+# requires this case too): "Right now, how's the weather in Reykjavik?" with get_weather renamed find_forecast.
+HELD_OUT_PROMPT = corpus.HELD_OUT_TOOL_PROMPT
+HELD_OUT_TOOL = corpus.HELD_OUT_TOOL
 
 
-@pytest.mark.xfail(strict=True, reason="#10 8c: tiny-qwen2 calls tools only for its corpus' prompts (answers "
-                                       "'I am a tiny test model.'); strict, so a model that generalises must drop this")
 async def test_tool_call_generalises_to_held_out_phrasing_city_and_tool_name(stub):
     r = await collect(stub, chat(HELD_OUT_PROMPT, tools=[HELD_OUT_TOOL], sampling=greedy(96)))
     assert r.text == "" and len(r.tool_calls) == 1

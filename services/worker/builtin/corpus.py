@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 Message = dict[str, Any]
@@ -63,13 +64,17 @@ TIME_TOOL: dict[str, Any] = {
     },
 }
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
-# The cities tool calls work for (the model recognises these; it does not copy arbitrary names).
+# The cities the fixed self-check asks about (any other is copied from the question: copy_drills.py).
 CITIES = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "New York", "Sydney"]
 
 TOOL_PROMPT = "What is the weather in Paris?"
 EXPECTED_TOOL_CALL: dict[str, Any] = {"name": "get_weather", "arguments": {"city": "Paris"}}
 TIME_PROMPT = "What time is it in Tokyo?"
 EXPECTED_TIME_CALL: dict[str, Any] = {"name": "get_time", "arguments": {"city": "Tokyo"}}
+# Issue #10 8c: phrasing, city and tool name never trained on -- only copying gets this call right.
+HELD_OUT_TOOL_PROMPT = "Right now, how's the weather in Reykjavik?"
+HELD_OUT_TOOL: dict[str, Any] = {"type": "function", "function": {**WEATHER_TOOL["function"], "name": "find_forecast"}}
+HELD_OUT_TOOL_CALL: dict[str, Any] = {"name": "find_forecast", "arguments": {"city": "Reykjavik"}}
 TOOL_RESULT = '{"city": "Paris", "temperature": 21, "condition": "sunny"}'
 TOOL_RESULT_ANSWER = "Here is the result you asked for."  # after any tool result, whatever it says
 NO_TOOL_ANSWER = "I cannot check that without a tool."
@@ -97,6 +102,7 @@ UNSEEN_PROMPTS = [
     "Is it going to rain tomorrow?",
 ]
 
+_ASKS_TOOL = re.compile(r"\b(time|weather|clock|hour)\b", re.IGNORECASE)
 TOOL_SHARE = 0.5  # of training conversations: tool questions (15% of them without tools)
 _SYSTEMS = [
     "You are a helpful assistant.",
@@ -342,6 +348,8 @@ def training_conversations(n: int, seed: int = 0) -> list[Conversation]:
             continue
         tools = [_tool_variant(rng, t) for t in TOOLS if rng.random() < 0.6] if r < TOOL_SHARE + 0.15 else None
         q, a = _plain_turn(rng)
+        while tools and _ASKS_TOOL.search(q):  # with tools, such a question would be a tool call
+            q, a = _plain_turn(rng)
         msgs = _system(rng, bool(tools)) + _history(rng)
         msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
         out.append((msgs, tools or None))
