@@ -33,6 +33,7 @@ from services.common.channels import sync_channel
 from services.common.vocabulary import ENV_COORDINATOR, ENV_RAY_AUTH_TOKEN, LOADERS
 
 DEFAULT_COORDINATOR = "127.0.0.1:50051"
+STOP_TIMEOUT_S = 75.0
 STATE_NAMES = {v: k.removeprefix("DEPLOY_STATE_").lower() for k, v in pb.DeployState.items()}
 PHASE_NAMES = {v: k.removeprefix("MODEL_PHASE_").lower() for k, v in pb.ModelPhase.items()}
 
@@ -213,7 +214,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
     except (OSError, ValueError):
         print(f"mship: no running `mship start` found for the coordinator at {args.coordinator}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    deadline = time.monotonic() + 30
+    # Serve gives each replica up to its graceful-shutdown timeout (30 s; also a model's replica
+    # that never found a node), then the Ray node and leftovers get 10 s each.
+    deadline = time.monotonic() + STOP_TIMEOUT_S
     while time.monotonic() < deadline:
         try:
             os.kill(target, 0)
@@ -221,7 +224,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
             print("mship stopped")
             return EXIT_OK
         time.sleep(0.2)
-    print(f"mship: process {target} did not stop within 30 s", file=sys.stderr)
+    print(f"mship: process {target} did not stop within {STOP_TIMEOUT_S:.0f} s", file=sys.stderr)
     return EXIT_START_FAILED
 
 

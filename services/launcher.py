@@ -107,6 +107,8 @@ class Platform:
             os.environ.setdefault(key, value)
         if cfg.token:  # this driver, the head node's processes and the CLI's own calls carry it
             os.environ.update({ENV_RAY_AUTH_TOKEN: cfg.token, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": cfg.token})
+        elif not cfg.ray_address:  # explicit, as for the head node (ray_node.NodeConfig.env)
+            os.environ["RAY_AUTH_MODE"] = "disabled"
         if is_loopback(cfg.ray_address.rsplit(":", 1)[0] if cfg.ray_address else cfg.advertise_address or ""):
             # Read when ray is imported: without it, ray.init rewrites a loopback address to the
             # machine's routable one, where a loopback head does not listen.
@@ -160,6 +162,7 @@ class Platform:
 
             if ray.is_initialized():
                 try:
+                    _cancel_unplaced_replicas()
                     serve.shutdown()
                 finally:
                     ray.shutdown()
@@ -174,3 +177,24 @@ class Platform:
             for p in still:
                 with contextlib.suppress(psutil.Error):
                     p.kill()
+
+
+def _cancel_unplaced_replicas() -> None:
+    """Kill replica actors still waiting for a node (a model no node can host): Serve would give
+    each one its whole graceful-shutdown timeout (30 s) to stop, which a replica that never
+    started cannot do. (A replica Serve has not even created an actor for yet still costs that
+    wait: Serve 2.60 offers no way around it.)"""
+    import ray
+    from ray._private import state
+    from ray.serve._private.constants import SERVE_NAMESPACE
+
+    try:
+        actors = state.actors().values()  # from the GCS: the state API needs the dashboard
+    except Exception as e:  # best effort: shutdown goes on without it
+        log.info("cannot list waiting replicas: %s", e)
+        return
+    for actor in actors:
+        if actor.get("State") == "PENDING_CREATION" and str(actor.get("ActorClassName", "")).startswith(
+                "ServeReplica") and actor.get("Name"):
+            with contextlib.suppress(Exception):
+                ray.kill(ray.get_actor(actor["Name"], namespace=SERVE_NAMESPACE))

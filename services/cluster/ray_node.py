@@ -66,10 +66,12 @@ class NodeConfig:
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         env = {**base, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(self.drain_timeout_s)}
-        env.pop("RAY_AUTH_MODE", None)
         env.pop("RAY_AUTH_TOKEN", None)
+        # Always explicit: with RAY_AUTH_MODE unset, Ray 2.60 turns token auth on by itself when
+        # ~/.ray/auth_token exists (a head the platform's own driver then cannot join).
+        env["RAY_AUTH_MODE"] = "token" if self.token else "disabled"
         if self.token:
-            env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token)
+            env["RAY_AUTH_TOKEN"] = self.token
         env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # a driver's loopback switch; a joiner refuses it
         return env
 
