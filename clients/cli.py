@@ -218,14 +218,23 @@ def cmd_stop(args: argparse.Namespace) -> int:
     # that never found a node), then the Ray node and leftovers get 10 s each.
     deadline = time.monotonic() + STOP_TIMEOUT_S
     while time.monotonic() < deadline:
-        try:
-            os.kill(target, 0)
-        except OSError:
+        if not _running(target):
             print("mship stopped")
             return EXIT_OK
         time.sleep(0.2)
     print(f"mship: process {target} did not stop within {STOP_TIMEOUT_S:.0f} s", file=sys.stderr)
     return EXIT_START_FAILED
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie: an exited `mship start` stays in the process table until its
+    parent (a supervisor, a test) reaps it, and has stopped all the same."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:

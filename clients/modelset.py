@@ -3,7 +3,7 @@
 models:
   - name: chat                    # the OpenAI `model` id
     model: builtin:gemma-3-270m   # builtin:NAME, a Hugging Face id or a local path
-    loader: vllm                  # vllm (llama_cpp: not implemented yet)
+    loader: vllm                  # vllm | llama_cpp (GGUF: a .gguf path, hf:ORG/REPO/FILE.gguf, a builtin)
     usecase: generate             # generate | embed
     num_cpus: 0.5
     num_gpus: 0
@@ -13,6 +13,8 @@ models:
     engine_args: {enable_prefix_caching: true}
     tool_parser: hermes           # hermes | none
     reasoning_parser: think       # think | none
+    # llama_cpp only: n_ctx (per request), n_parallel (slots), n_threads, n_gpu_layers,
+    # chat_template (Jinja), llama_server_binary (an operator's build), llama_server_args: [...]
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ import yaml
 from google.protobuf import struct_pb2
 
 from mship.common.v1 import common_pb2
-from services.common.vocabulary import LOADERS, REASONING_PARSERS, TOOL_PARSERS, USECASES, loader_not_implemented
+from services.common.vocabulary import GGUF_BUILTINS, LLAMA_CPP_KEYS, LOADERS, REASONING_PARSERS, TOOL_PARSERS, USECASES
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 AUTOSCALING_KEYS = {"min_replicas": int, "max_replicas": int, "target_ongoing_requests": float,
                     "upscale_delay_s": float, "downscale_delay_s": float}
 MODEL_KEYS = {"name", "model", "loader", "usecase", "num_cpus", "num_gpus", "num_replicas", "autoscaling_config",
-              "max_model_len", "max_num_seqs", "engine_args", "tool_parser", "reasoning_parser"}
+              "max_model_len", "max_num_seqs", "engine_args", "tool_parser", "reasoning_parser", *LLAMA_CPP_KEYS}
 
 
 class ConfigError(ValueError):
@@ -88,8 +90,11 @@ def parse_model(entry: Any, source: str, where: str) -> common_pb2.ModelSpec:
                           "use letters, digits and . _ : - (at most 64 characters)")
     spec.name, spec.model = entry["name"], entry["model"]
     spec.loader = _choice(entry, "loader", LOADERS, "vllm", source, where)
-    if (why := loader_not_implemented(entry.get("loader", "vllm"))) is not None:
-        raise ConfigError(source, f"{where}.loader", why, "set `loader: vllm`")
+    if spec.loader == common_pb2.LOADER_LLAMA_CPP:
+        _llama_cpp(entry, spec, source, where)
+    elif (llama_only := sorted(set(entry) & set(LLAMA_CPP_KEYS))):
+        raise ConfigError(source, f"{where}.{llama_only[0]}", "a llama_cpp setting on another loader",
+                          "set `loader: llama_cpp`, or remove it (vLLM takes engine_args)")
     spec.usecase = _choice(entry, "usecase", USECASES, "generate", source, where)
     spec.num_cpus = _number(entry, "num_cpus", float, 0.0, source, where)
     spec.num_gpus = _number(entry, "num_gpus", float, 0.0, source, where)
@@ -113,6 +118,32 @@ def parse_model(entry: Any, source: str, where: str) -> common_pb2.ModelSpec:
         struct.update(args)
         spec.engine_args.CopyFrom(struct)
     return spec
+
+
+def _llama_cpp(entry: dict, spec: common_pb2.ModelSpec, source: str, where: str) -> None:
+    ref = entry["model"]
+    if ref.startswith("builtin:") and ref.removeprefix("builtin:") not in GGUF_BUILTINS:
+        raise ConfigError(source, f"{where}.model", f"{ref} has no GGUF for llama_cpp",
+                          f"use one of {', '.join('builtin:' + n for n in GGUF_BUILTINS)}, a .gguf path or "
+                          "hf:ORG/REPO/FILE.gguf")
+    if not ref.startswith(("builtin:", "hf:")) and not ref.endswith(".gguf"):
+        raise ConfigError(source, f"{where}.model", f"{ref!r} is not a GGUF model",
+                          "the llama_cpp loader serves .gguf files (a local path or hf:ORG/REPO/FILE.gguf)")
+    o = spec.llama_cpp
+    for key in ("n_ctx", "n_parallel", "n_threads"):
+        setattr(o, LLAMA_CPP_KEYS[key], _number(entry, key, int, 0, source, where))
+    if "n_gpu_layers" in entry:
+        o.n_gpu_layers = _number(entry, "n_gpu_layers", int, 0, source, where, minimum=-1)
+    for key in ("chat_template", "llama_server_binary"):
+        value = entry.get(key, "")
+        if not isinstance(value, str):
+            raise ConfigError(source, f"{where}.{key}", "expected a string", f"set `{key}:` to a string")
+        setattr(o, LLAMA_CPP_KEYS[key], value)
+    args = entry.get("llama_server_args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ConfigError(source, f"{where}.llama_server_args", "expected a list of strings",
+                          'write e.g. `llama_server_args: ["--flash-attn", "on"]`')
+    o.server_args.extend(args)
 
 
 def _choice(entry: dict, key: str, choices: dict[str, int], default: str, source: str, where: str) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 from collections.abc import Callable, Mapping
 
 from services.common.vocabulary import ENV_NODE_CAPABILITIES, IMPLEMENTED_LOADERS, capability_resource
@@ -24,11 +25,23 @@ class CapabilityError(ValueError):
 
 
 def _vllm() -> bool:
-    # The import check without paying for the import (seconds): both packages are installed.
+    # vLLM: the import check without paying for the import (seconds): both packages are installed.
     return all(importlib.util.find_spec(name) is not None for name in ("vllm", "torch"))
 
 
-PROBES: dict[str, Callable[[], bool]] = {"vllm": _vllm}
+def _llama_cpp() -> bool:
+    """The packaged llama-server really runs here (its glibc, its libraries): ask its version."""
+    try:
+        from services.worker.llama_server import packaged_binary
+
+        binary, env = packaged_binary()
+        done = subprocess.run([binary, "--version"], env=env, capture_output=True, timeout=20)
+    except (ImportError, OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+PROBES: dict[str, Callable[[], bool]] = {"vllm": _vllm, "llama_cpp": _llama_cpp}
 
 
 def parse(text: str) -> list[str]:

@@ -43,6 +43,7 @@ class Route:
     max_model_len: int
     usecase: int
     endpoints: list[Endpoint] = field(default_factory=list)
+    embedding_dimension: int = 0  # embed models: the length of a vector
 
 
 class RouteTable:
@@ -61,7 +62,8 @@ class RouteTable:
     def apply(self, snapshot: cpb.RoutingSnapshot) -> None:
         routes, live = {}, set()
         for model in snapshot.models:
-            route = Route(model.name, model.version, model.max_model_len, model.usecase)
+            route = Route(model.name, model.version, model.max_model_len, model.usecase,
+                          embedding_dimension=model.embedding_dimension)
             for replica in model.replicas:
                 address = f"{replica.endpoint.host}:{replica.endpoint.port}"
                 live.add(address)

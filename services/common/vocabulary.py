@@ -8,9 +8,15 @@ from __future__ import annotations
 
 from mship.common.v1 import common_pb2
 
-# models.yaml `loader:` -> the proto enum. IMPLEMENTED_LOADERS are the ones a replica can run today.
+# models.yaml `loader:` -> the proto enum.
 LOADERS = {"vllm": common_pb2.LOADER_VLLM, "llama_cpp": common_pb2.LOADER_LLAMA_CPP}
-IMPLEMENTED_LOADERS = frozenset({"vllm"})
+IMPLEMENTED_LOADERS = frozenset(LOADERS)  # a loader named before it runs would be left out here
+# builtin models the llama_cpp loader serves as GGUF (services/worker/gguf_models.py)
+GGUF_BUILTINS = ("smollm2-135m-instruct", "gemma-3-270m")
+# models.yaml keys of the llama_cpp loader -> LlamaCppOptions fields
+LLAMA_CPP_KEYS = {"n_ctx": "n_ctx", "n_parallel": "n_parallel", "n_threads": "n_threads",
+                  "n_gpu_layers": "n_gpu_layers", "chat_template": "chat_template",
+                  "llama_server_binary": "server_binary", "llama_server_args": "server_args"}
 LOADER_NAMES = {value: name for name, value in LOADERS.items()}
 
 USECASES = {"generate": common_pb2.USECASE_GENERATE, "embed": common_pb2.USECASE_EMBED}
@@ -28,14 +34,6 @@ def capability_resource(loader: str) -> str:
     """The Ray custom resource a node advertises when it can run `loader`; every replica of a model
     with that loader requests it, so Ray places it only where the engine really runs."""
     return f"mship_{loader}"
-
-
-def loader_not_implemented(name: str) -> str | None:
-    """Why `name` cannot be deployed yet, or None when it can."""
-    if name in IMPLEMENTED_LOADERS:
-        return None
-    return (f"loader {name!r} is not implemented yet; use one of: "
-            f"{', '.join(sorted(IMPLEMENTED_LOADERS))}")
 
 
 # ---- environment variables --------------------------------------------------------------------

@@ -101,7 +101,8 @@ class ReplicaRegistry:
                 continue
             snap.models.append(pb.ModelRoute(
                 name=name, version=active.version, usecase=active.usecase or common_pb2.USECASE_GENERATE,
-                max_model_len=active.max_model_len or replicas[0].max_model_len, replicas=replicas))
+                max_model_len=active.max_model_len or replicas[0].max_model_len, replicas=replicas,
+                embedding_dimension=replicas[0].embedding_dimension))
         return snap
 
     async def wait_newer(self, known: int, timeout_s: float) -> bool:

@@ -14,7 +14,6 @@ from mship.coordinator.v1 import coordinator_pb2 as pb
 from mship.coordinator.v1 import coordinator_pb2_grpc
 from services.cluster.capabilities import capabilities_of
 from services.common.errors import Reason, ServiceError, invalid_parameter
-from services.common.vocabulary import LOADER_NAMES, loader_not_implemented
 from services.coordinator.deploy_log import DeployRecord
 from services.coordinator.deployer import Deployer
 from services.coordinator.fingerprint import version_of
@@ -140,11 +139,6 @@ def _check_deploy(request: pb.DeployRequest) -> None:
         raise invalid_parameter("models", "model names must be distinct")
     if not request.models and request.mode != pb.DEPLOY_MODE_RECONCILE:
         raise invalid_parameter("models", "an additive deploy needs at least one model")
-    for i, spec in enumerate(request.models):
-        loader = LOADER_NAMES.get(spec.loader)  # unspecified: the default (vllm)
-        why = loader_not_implemented(loader) if loader is not None else None
-        if why is not None:
-            raise invalid_parameter(f"models[{i}].loader", why)
 
 
 def _found(record: DeployRecord | None, deploy_id: str) -> DeployRecord:

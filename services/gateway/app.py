@@ -1,5 +1,5 @@
 """The OpenAI HTTP edge: one router per endpoint over its serving logic (`chat`, `completions`,
-`models`, `responses`), the edge's error handlers and body limit."""
+`embeddings`, `models`, `responses`), the edge's error handlers and body limit."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from services.gateway.completions.router import completions_router
 from services.gateway.completions.serving import CompletionServing
 from services.gateway.edge.errors import install_handlers
 from services.gateway.edge.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
+from services.gateway.embeddings.router import embeddings_router
+from services.gateway.embeddings.serving import EmbeddingServing
 from services.gateway.models.router import models_router
 from services.gateway.models.serving import ModelsServing
 from services.gateway.readiness import readiness_router
@@ -41,5 +43,6 @@ def create_app(table: RouteTable, settings: GatewaySettings, responses: Response
     app.include_router(models_router(ModelsServing(table, settings.started_at)))
     app.include_router(chat_router(ChatServing(table, settings.request_timeout_s)))
     app.include_router(completions_router(CompletionServing(table, settings.request_timeout_s)))
+    app.include_router(embeddings_router(EmbeddingServing(table, settings.request_timeout_s)))
     app.include_router(responses_router())
     return app

@@ -1,6 +1,6 @@
 """One way to open a generation: the Infer call on a worker replica, with its gRPC failures (before
-and after the first token) translated into OpenAI errors in this one place; and one way to stop
-a generation on every replica of its model.
+and after the first token) translated into OpenAI errors in this one place; one way to stop
+a generation on every replica of its model; and the one Embed call (`/v1/embeddings`).
 
 Every endpoint (chat, completions, and each Responses path: foreground, WebSocket, background,
 compaction) opens its worker call with `open_generation`. Iterate the `Generation` itself (the
@@ -16,8 +16,10 @@ from collections.abc import AsyncIterator, Iterable
 
 import grpc
 
+from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
-from services.common.infer import InferStream, UpstreamError, open_infer
+from services.common.errors import ErrorDetails
+from services.common.infer import RETRY_ELSEWHERE, InferStream, UpstreamError, open_infer
 from services.common.routes import Endpoint, RouteTable
 from services.gateway.edge.upstream import from_grpc
 from services.gateway.protocol_common.openai_error import OpenAIError, model_not_found, overloaded
@@ -28,9 +30,20 @@ CANCEL_TIMEOUT_S = 5.0
 _QUIET_CANCEL_FAILURES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND}
 
 
-def check_routed(table: RouteTable, model: str) -> None:
-    """Refuse before any work a model this gateway cannot route to (now, or at all)."""
-    if model in table.routes:
+_USECASE_REFUSALS = {
+    common_pb2.USECASE_GENERATE: "The model '{}' is an embedding model: it serves /v1/embeddings only.",
+    common_pb2.USECASE_EMBED: "The model '{}' does not support embeddings: it is a text generation model.",
+}
+
+
+def check_routed(table: RouteTable, model: str, usecase: int = common_pb2.USECASE_GENERATE) -> None:
+    """Refuse before any work a model this gateway cannot route to (now, or at all), or one that
+    serves another usecase than the endpoint's (a 400 naming `model`)."""
+    route = table.routes.get(model)
+    if route is not None:
+        if (route.usecase or common_pb2.USECASE_GENERATE) != usecase:  # unset: a generation model
+            raise OpenAIError(400, _USECASE_REFUSALS[usecase].format(model), param="model",
+                              code="model_not_supported")
         return
     if model in table.pending or not table.received.is_set():
         raise overloaded(2.0, status=503)  # known but not loaded yet / routes not received yet
@@ -83,3 +96,27 @@ async def cancel_everywhere(table: RouteTable, model: str, request_ids: Iterable
             continue
         if isinstance(result, BaseException):
             log.warning("cancelling %s on %s failed: %r", list(request.request_ids), endpoint.address, result)
+
+
+async def embed(table: RouteTable, model: str, request: pb.EmbedRequest, *,
+                timeout_s: float | None = None) -> pb.EmbedResponse:
+    """The Embed call on the best endpoint; an unreachable or busy one is retried elsewhere (nothing
+    has been answered yet). Cancelling the caller cancels the call. Raises OpenAIError."""
+    last: ErrorDetails | None = None
+    for endpoint in table.candidates(model):
+        endpoint.outstanding += 1
+        try:
+            return await endpoint.stub.Embed(request, timeout=timeout_s)
+        except grpc.aio.UsageError:  # its channel was just closed by a new snapshot: try another
+            continue
+        except grpc.aio.AioRpcError as e:
+            last = ErrorDetails.from_rpc_error(e)
+            if e.code() not in RETRY_ELSEWHERE:
+                break
+            if e.code() == grpc.StatusCode.UNAVAILABLE:  # unreachable; a busy replica stays in rotation
+                table.mark_bad(endpoint)
+        finally:
+            endpoint.outstanding -= 1
+    details = last or ErrorDetails(grpc.StatusCode.UNAVAILABLE, f"no live replica of {model!r}", reason="NOT_READY",
+                                   retry_after_s=1.0)
+    raise from_grpc(details, model, input_param="input")

@@ -46,7 +46,8 @@ class WorkerDeployment:
             replica_id=replica_id, model=spec.name, version=version,
             endpoint=common_pb2.Endpoint(host=host, port=self.server.port), node_id=node_id, pid=os.getpid(),
             max_model_len=engine.max_model_len if engine else 0, spec=spec,
-            engine_load_s=self.server.host.load_seconds())
+            engine_load_s=self.server.host.load_seconds(),
+            embedding_dimension=engine.embedding_dimension if engine else 0)
         self.registrar = Registrar(coordinator, replica, inflight=lambda: len(self.server.servicer.inflight))
         await self.registrar.start()
         log.info("worker %s (%s) serving on %s:%d", spec.name, version, host, self.server.port)

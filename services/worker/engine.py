@@ -80,6 +80,8 @@ class Engine(abc.ABC):
 
     max_model_len: int
     supports_embeddings: bool = False
+    embedding_dimension: int = 0  # embed engines: the length of a vector
+    supports_dimensions: bool = False  # embed engines: can shorten vectors (Matryoshka)
 
     @abc.abstractmethod
     async def render(self, req: RenderRequest) -> Prompt:
@@ -93,7 +95,9 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def abort(self, request_ids: list[str]) -> None: ...
 
-    async def embed(self, texts: list[str], dimensions: int | None) -> tuple[list[list[float]], int]:
+    async def embed(self, inputs: list[str | list[int]], dimensions: int | None) -> tuple[list[list[float]], int]:
+        """One vector per input (a text or token ids), in order, and the prompt tokens used; raise
+        ServiceError for input the model cannot take (too long, `dimensions` it cannot honour)."""
         raise NotImplementedError
 
     @abc.abstractmethod

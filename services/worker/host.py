@@ -41,11 +41,16 @@ async def start_engine(spec: common_pb2.ModelSpec, model_path: str) -> Engine:
         overrides = MessageToDict(spec.engine_args) if spec.HasField("engine_args") else None
         return await VllmEngine.start(lambda: engine_args_for(
             model_path, spec.name, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
-            embed=spec.usecase == common_pb2.USECASE_EMBED, overrides=overrides))
+            embed=spec.usecase == common_pb2.USECASE_EMBED, num_gpus=spec.num_gpus, overrides=overrides))
+    if spec.loader == common_pb2.LOADER_LLAMA_CPP:
+        from services.worker.llama_cpp_engine import LlamaCppEngine
+
+        return await LlamaCppEngine.start(spec, model_path)
     raise ValueError(f"loader {common_pb2.Loader.Name(spec.loader)} is not available in this worker")
 
 
 def resolve_model(ref: str) -> str:
+    """What vLLM loads: a directory (builtins built on first use) or a hub id."""
     from services.worker.builtin import resolve_model_ref
 
     # A local path that is not there would reach the engine as a hub id and fail less clearly.
@@ -114,7 +119,9 @@ class ModelHost:
         try:
             async with gate():  # the memory spike of a load never overlaps another on this node
                 self._set(Phase.LOAD_PHASE_RESOLVING, spec.model)
-                path = await asyncio.to_thread(resolve_model, spec.model)
+                # llama_cpp resolves its GGUF references itself (services/worker/gguf_models.py)
+                path = (spec.model if spec.loader == common_pb2.LOADER_LLAMA_CPP
+                        else await asyncio.to_thread(resolve_model, spec.model))
                 self._set(Phase.LOAD_PHASE_LOADING, path)
                 self.engine = await start_engine(spec, path)
                 self._set(Phase.LOAD_PHASE_WARMING)

@@ -181,10 +181,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if not engine.supports_embeddings:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, Reason.UNSUPPORTED_INPUT,
                                f"model {request.model!r} does not serve embeddings")
-        if not request.inputs:
+        inputs: list[str | list[int]] = ([list(p.token_ids) if p.token_ids else p.text for p in request.prompts]
+                                         or list(request.inputs))
+        if not inputs:
             raise invalid_parameter("input", "input must not be empty")
         dims = request.dimensions if request.HasField("dimensions") else None
-        vectors, tokens = await engine.embed(list(request.inputs), dims)
+        if dims is not None and dims < 1:
+            raise invalid_parameter("dimensions", "dimensions must be >= 1")
+        try:
+            vectors, tokens = await engine.embed(inputs, dims)
+        except ServiceError:
+            raise
+        except Exception as e:
+            log.exception("engine failed on embed %s", request.request_id)
+            raise ServiceError(grpc.StatusCode.INTERNAL, Reason.ENGINE_ERROR, f"engine error: {e}") from e
         return worker_pb2.EmbedResponse(
             embeddings=[worker_pb2.Embedding(values=v) for v in vectors],
             usage=common_pb2.Usage(prompt_tokens=tokens))
@@ -205,7 +215,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             report.kv_cache_usage = s.kv_cache_usage
             report.generated_tokens_total, report.prompt_tokens_total = (
                 s.generated_tokens_total, s.prompt_tokens_total)
-            report.max_model_len = engine.max_model_len
+            report.max_model_len, report.embedding_dimension = engine.max_model_len, engine.embedding_dimension
         return report
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
-from services.common.errors import Reason, ServiceError
+from services.common.errors import Reason, ServiceError, invalid_parameter
 from services.worker.engine import (
     ChoiceDelta,
     Engine,
@@ -40,8 +41,17 @@ def set_engine_env() -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def gpu_memory_share(num_gpus: float) -> float | None:
+    """vLLM's gpu_memory_utilization for a fractional GPU: the replica's share of the GPU (Ray
+    places other replicas in the rest), less vLLM's usual headroom. None: a whole GPU or none."""
+    if not 0 < num_gpus < 1:
+        return None
+    return round(0.9 * num_gpus, 3)
+
+
 def engine_args_for(model_path: str, served_name: str, *, max_model_len: int = 0, max_num_seqs: int = 0,
-                    embed: bool = False, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+                    embed: bool = False, num_gpus: float = 0.0,
+                    overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
     args: dict[str, Any] = {"model": model_path, "served_model_name": served_name, "seed": 0,
@@ -52,6 +62,8 @@ def engine_args_for(model_path: str, served_name: str, *, max_model_len: int = 0
         args["max_num_seqs"] = max_num_seqs
     if embed:
         args.update(runner="pooling", convert="embed", enable_prefix_caching=False)
+    if (share := gpu_memory_share(num_gpus)) is not None:
+        args["gpu_memory_utilization"] = share
     if current_platform.is_cpu():
         args["enforce_eager"] = True  # torch.compile needs gcc and ~25 s per start on CPU
         if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
@@ -94,6 +106,9 @@ class VllmEngine(Engine):
         self._stats = stats
         self.supports_embeddings = embed
         self.max_model_len = int(engine.model_config.max_model_len)
+        if embed:
+            self.embedding_dimension = int(engine.model_config.embedding_size)
+            self.supports_dimensions = bool(engine.model_config.is_matryoshka)
 
     @classmethod
     async def start(cls, engine_args: Callable[[], dict[str, Any]]) -> VllmEngine:
@@ -185,19 +200,54 @@ class VllmEngine(Engine):
     async def abort(self, request_ids: list[str]) -> None:
         await self._engine.abort(request_ids)
 
-    async def embed(self, texts: list[str], dimensions: int | None) -> tuple[list[list[float]], int]:
+    async def embed(self, inputs: list[str | list[int]], dimensions: int | None) -> tuple[list[list[float]], int]:
         from vllm import PoolingParams
+        from vllm.exceptions import VLLMValidationError
 
-        vectors: list[list[float]] = []
-        tokens = 0
-        for i, text in enumerate(texts):
-            (prompt,) = await self._engine.renderer.render_cmpl_async([{"prompt": text}])
-            params = PoolingParams(task="embed", dimensions=dimensions)
-            async for out in self._engine.encode(prompt, params, request_id=f"embed-{id(texts)}-{i}"):
+        if dimensions is not None and not self.supports_dimensions:
+            raise invalid_parameter("dimensions", "this model cannot shorten its embeddings (it is not a Matryoshka "
+                                    f"model); leave 'dimensions' unset to get {self.embedding_dimension} values")
+        prompts = await self._embed_prompts(inputs)
+        params = PoolingParams(task="embed", dimensions=dimensions)
+        base = f"embed-{uuid.uuid4().hex}"
+
+        async def one(i: int, prompt: Any) -> tuple[list[float], int]:
+            async for out in self._engine.encode(prompt, params, request_id=f"{base}-{i}"):
                 if out.finished:
-                    vectors.append([float(x) for x in out.outputs.data.tolist()])
-                    tokens += len(out.prompt_token_ids)
-        return vectors, tokens
+                    return out.outputs.data.tolist(), len(out.prompt_token_ids)
+            raise RuntimeError(f"the engine ended {base}-{i} without an embedding")
+
+        try:  # all at once: the engine batches them; a failure cancels the rest
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(i, p)) for i, p in enumerate(prompts)]
+        except* VLLMValidationError as e:  # e.g. a `dimensions` value outside the model's Matryoshka sizes
+            first = e.exceptions[0]
+            raise invalid_parameter(getattr(first, "parameter", None) or "input", str(first)) from first
+        results = [t.result() for t in tasks]
+        return [v for v, _ in results], sum(n for _, n in results)
+
+    async def _embed_prompts(self, inputs: list[str | list[int]]) -> list[Any]:
+        """Tokenize every input (the model's own settings, e.g. lower-casing) and refuse one longer than
+        the context: OpenAI refuses rather than truncates."""
+        import dataclasses
+
+        renderer = self._engine.renderer
+        params = dataclasses.replace(renderer.default_cmpl_tok_params, max_total_tokens=None)
+        try:
+            prompts = await renderer.render_cmpl_async(
+                [{"prompt_token_ids": list(x)} if isinstance(x, list) else {"prompt": x} for x in inputs], params)
+        except Exception as e:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, Reason.UNSUPPORTED_INPUT,
+                               f"cannot tokenize the input for this model: {e}") from e
+        for i, prompt in enumerate(prompts):
+            n = len(prompt["prompt_token_ids"])
+            if n > self.max_model_len:
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT, Reason.CONTEXT_TOO_LONG,
+                    f"this model's maximum context length is {self.max_model_len} tokens, but input {i} has {n} "
+                    "tokens; shorten it", field_violations=[("input", "input is longer than the context")],
+                    metadata={"prompt_tokens": str(n), "max_model_len": str(self.max_model_len)})
+        return prompts
 
     def stats(self) -> EngineStats:
         return self._stats

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from mship.state.v1 import state_pb2, state_pb2_grpc
 from mship.worker.v1 import worker_pb2 as wpb
 from mship.worker.v1 import worker_pb2_grpc
 from services.common.channels import aio_channel, sync_channel
-from services.common.vocabulary import ENV_RAY_AUTH_TOKEN, ENV_REDIS_PASSWORD
+from services.common.vocabulary import ENV_NODE_CAPABILITIES, ENV_RAY_AUTH_TOKEN, ENV_REDIS_PASSWORD
 from tests.helpers import stream_then_drop, until_sync
 from tests.node_process import JoinProcess
 from tests.platform_process import PlatformProcess, mship
@@ -64,7 +65,9 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformProcess]:
 def joiner(head: PlatformProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JoinProcess]:
     """A second node, joined with the right token (first requested after the pending test)."""
     log = Path(tmp_path_factory.mktemp("joiner")) / "join.log"
-    proc = JoinProcess.start(head.gcs_address, log, name="worker-node", env=_env(TOKEN),
+    # vLLM only (the override): a llama_cpp model then has no node that can host it
+    env = {**_env(TOKEN), ENV_NODE_CAPABILITIES: '["vllm"]'}
+    proc = JoinProcess.start(head.gcs_address, log, name="worker-node", env=env,
                              extra=("--node-num-cpus", "4", "--drain-timeout", str(DRAIN_S)))
     try:
         proc.wait_joined()
@@ -146,6 +149,21 @@ def test_the_joined_node_hosts_the_model_and_serves_it_through_the_head(head, jo
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
 
 
+def test_a_loader_no_node_advertises_waits_while_the_other_models_serve(head, joiner):
+    config = ("models:\n  - {name: tiny, model: builtin:tiny-qwen2, max_model_len: 1024, num_cpus: 0.5}\n"
+              "  - {name: smol, model: builtin:smollm2-135m-instruct, loader: llama_cpp}\n")
+    path = joiner.log_path.parent / "both.yaml"
+    path.write_text(config)
+    out = mship("deploy", "--coordinator", head.coordinator, "--config", str(path), "--wait", env=_env(TOKEN))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"tiny\s+unchanged", out.stdout) and "mship_llama_cpp" in out.stdout
+    report = status(head)
+    assert [(p["name"], "mship_llama_cpp" in p["reason"]) for p in report["pending"]] == [("smol", True)]
+    reply = httpx.post(f"{head.base_url}/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]})
+    assert reply.status_code == 200
+
+
 async def test_python_client_needs_the_token(head):
     async with MshipClient(head.coordinator, token=TOKEN) as client:
         assert (await client.chat("tiny", [{"role": "user", "content": "hello"}], max_tokens=4)).text
@@ -174,9 +192,9 @@ def test_sigterm_on_the_joined_node_leaves_cleanly_and_the_head_keeps_serving(he
     assert httpx.get(f"{head.base_url}/health", timeout=10).status_code == 200
     until_sync(lambda: [n["is_head"] for n in alive_nodes(head)] == [True], "the node gone from the status",
                timeout_s=30)
-    until_sync(lambda: status(head)["pending"], "the model pending again", timeout_s=30)
-    (pending,) = status(head)["pending"]
-    assert pending["name"] == "tiny" and "mship_vllm" in pending["reason"]
+    until_sync(lambda: len(status(head)["pending"]) == 2, "the model pending again", timeout_s=30)
+    reasons = {p["name"]: p["reason"] for p in status(head)["pending"]}
+    assert "mship_vllm" in reasons["tiny"] and "mship_llama_cpp" in reasons["smol"]
 
 
 def test_a_taken_port_fails_start_at_once_naming_the_flag(head, tmp_path):
@@ -186,3 +204,15 @@ def test_a_taken_port_fails_start_at_once_naming_the_flag(head, tmp_path):
     out = mship("start", "--http-port", "0", "--gcs-port", str(head.gcs_port), timeout_s=60)
     assert out.returncode == 5 and "--gcs-port" in out.stderr
     assert time.monotonic() - t0 < 30
+
+
+def test_mship_stop_ends_only_its_own_platform(head, platform):
+    """Two platforms on this machine (this cluster's head and the session's): stopping one by its
+    coordinator leaves the other serving."""
+    out = mship("stop", "--coordinator", head.coordinator, timeout_s=120)
+    assert out.returncode == 0, out.stderr  # (its models wait for a node: Serve's stop of those takes 30 s)
+    assert head.proc.wait(30) == 0
+    assert httpx.get(f"{platform.base_url}/readyz", timeout=10).status_code == 200
+    reply = httpx.post(f"{platform.base_url}/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]})
+    assert reply.status_code == 200

@@ -58,7 +58,8 @@ def test_join_refuses_more_gpus_than_the_node_sees(monkeypatch, capsys):
     assert "--node-num-gpus" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text, expected", [('["vllm"]', ["vllm"]), ("[]", []), ('["vllm", "vllm"]', ["vllm"])])
+@pytest.mark.parametrize("text, expected", [('["vllm"]', ["vllm"]), ("[]", []), ('["vllm", "vllm"]', ["vllm"]),
+                                            ('["llama_cpp", "vllm"]', ["llama_cpp", "vllm"])])
 def test_capabilities_override(text, expected):
     assert capabilities.node_capabilities({ENV_NODE_CAPABILITIES: text}) == expected
 
@@ -71,7 +72,8 @@ def test_bad_capabilities_are_refused(text, problem):
 
 
 def test_capabilities_become_ray_resources_and_back():
-    assert capabilities.node_capabilities({}) == ["vllm"]  # this machine has vllm and torch installed
+    # this machine has vllm and torch installed, and the packaged llama-server runs
+    assert capabilities.node_capabilities({}) == ["llama_cpp", "vllm"]
     res = capabilities.resources(["vllm"])
     assert res == {"mship_vllm": capabilities.SLOTS}
     assert capabilities.capabilities_of({"CPU": 4, **res}) == ["vllm"] and capabilities.capabilities_of({}) == []
@@ -101,7 +103,8 @@ def test_ray_node_command_lines():
     cmd = joiner.command()
     assert cmd[cmd.index("--address") + 1] == "10.0.0.1:6380" and "--head" not in cmd and "--port" not in cmd
     assert cmd[cmd.index("--node-name") + 1] == "n2" and "--node-ip-address" not in cmd
-    assert "RAY_AUTH_TOKEN" not in joiner.env({"RAY_AUTH_TOKEN": "stale"})  # no token: none sent
+    without = joiner.env({"RAY_AUTH_TOKEN": "stale"})
+    assert "RAY_AUTH_TOKEN" not in without and without["RAY_AUTH_MODE"] == "disabled"  # explicit: no token
 
 
 def test_a_taken_port_is_named_with_its_flag():

@@ -1,6 +1,6 @@
 """Errors the coordinator raises reach its callers intact through its real server construction
 (the shared interceptors): every `ServiceError` kind from a unary and a streaming method, and the
-real servicer's refusals (unknown deploy, duplicate names, a loader not implemented yet)."""
+real servicer's refusals (unknown deploy, duplicate names)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from mship.coordinator.v1 import coordinator_pb2_grpc
 from services.common.errors import Reason, ServiceError, invalid_parameter
-from services.common.vocabulary import loader_not_implemented
 from services.coordinator.leases import LeaseManager
 from services.coordinator.server import coordinator_server
 from services.coordinator.servicer import CoordinatorServicer
@@ -106,16 +105,6 @@ async def test_an_unknown_deploy_is_not_found(coordinator):
 async def test_a_deploy_with_duplicate_names_is_refused(coordinator):
     err = await deploy_refusal(coordinator, pb.DeployRequest(models=[spec("a"), spec("a", replicas=2)]))
     assert_carries(err, invalid_parameter("models", "model names must be distinct"))
-
-
-async def test_a_loader_not_implemented_is_refused_before_anything_runs(coordinator):
-    llama = spec("b")
-    llama.loader = common_pb2.LOADER_LLAMA_CPP
-    err = await deploy_refusal(coordinator, pb.DeployRequest(models=[spec("a"), llama]))
-    assert_carries(err, invalid_parameter("models[1].loader", loader_not_implemented("llama_cpp") or ""))
-    assert "not implemented" in err.details()
-    latest = await refusal(coordinator.GetDeployment(pb.GetDeploymentRequest(), timeout=5))
-    assert latest.code() == grpc.StatusCode.NOT_FOUND  # no deploy was started
 
 
 async def test_an_unspecified_or_vllm_loader_deploys(coordinator):

@@ -20,7 +20,7 @@ def protocol_modules() -> list[str]:
 
 def test_every_endpoint_has_its_protocol():
     modules = protocol_modules()
-    for endpoint in ("chat", "completions", "models", "responses"):
+    for endpoint in ("chat", "completions", "embeddings", "models", "responses"):
         assert f"services.gateway.{endpoint}.protocol" in modules
 
 

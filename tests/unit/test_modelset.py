@@ -28,7 +28,8 @@ def test_a_valid_model_set_parses(tmp_path):
 
 
 @pytest.mark.parametrize(("entry", "key", "words"), [
-    ("    loader: llama_cpp\n", "models[0].loader", "not implemented yet"),
+    ("    loader: llama_cpp\n", "models[0].model", "has no GGUF for llama_cpp"),
+    ("    n_parallel: 4\n", "models[0].n_parallel", "a llama_cpp setting on another loader"),
     ("    loader: onnx\n", "models[0].loader", "unknown loader 'onnx'"),
     ("    tool_parser: json\n", "models[0].tool_parser", "unknown tool_parser 'json'"),
     ("    replicas: 2\n", "models[0].replicas", "unknown key"),
@@ -41,10 +42,10 @@ def test_a_bad_entry_names_the_key_and_the_fix(tmp_path, entry, key, words):
     assert str(path) in str(e.value)
 
 
-def test_the_cli_refuses_an_unimplemented_loader_before_calling_anyone():
+def test_the_cli_refuses_a_model_its_loader_cannot_run_before_calling_anyone():
     # 127.0.0.1:1 is never a coordinator: a config error must exit 2 before any call (3 = unreachable)
     out = subprocess.run([sys.executable, "-m", "clients.cli", "--coordinator", "127.0.0.1:1", "deploy",
                           "--model", "builtin:tiny-qwen2", "--loader", "llama_cpp"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
-    assert "--model.loader" in out.stderr and "not implemented yet" in out.stderr and "Fix:" in out.stderr
+    assert "--model.model" in out.stderr and "has no GGUF" in out.stderr and "Fix:" in out.stderr

@@ -1,8 +1,9 @@
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -79,7 +80,7 @@ class AutoscalingConfig(_message.Message):
     def __init__(self, min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., target_ongoing_requests: _Optional[float] = ..., upscale_delay_s: _Optional[float] = ..., downscale_delay_s: _Optional[float] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
-    __slots__ = ("name", "model", "loader", "usecase", "num_cpus", "num_gpus", "num_replicas", "autoscaling", "max_model_len", "engine_args", "tool_parser", "reasoning_parser", "max_num_seqs")
+    __slots__ = ("name", "model", "loader", "usecase", "num_cpus", "num_gpus", "num_replicas", "autoscaling", "max_model_len", "engine_args", "tool_parser", "reasoning_parser", "max_num_seqs", "llama_cpp")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     LOADER_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +94,7 @@ class ModelSpec(_message.Message):
     TOOL_PARSER_FIELD_NUMBER: _ClassVar[int]
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    LLAMA_CPP_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     loader: Loader
@@ -106,7 +108,26 @@ class ModelSpec(_message.Message):
     tool_parser: str
     reasoning_parser: str
     max_num_seqs: int
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., loader: _Optional[_Union[Loader, str]] = ..., usecase: _Optional[_Union[Usecase, str]] = ..., num_cpus: _Optional[float] = ..., num_gpus: _Optional[float] = ..., num_replicas: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingConfig, _Mapping]] = ..., max_model_len: _Optional[int] = ..., engine_args: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tool_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
+    llama_cpp: LlamaCppOptions
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., loader: _Optional[_Union[Loader, str]] = ..., usecase: _Optional[_Union[Usecase, str]] = ..., num_cpus: _Optional[float] = ..., num_gpus: _Optional[float] = ..., num_replicas: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingConfig, _Mapping]] = ..., max_model_len: _Optional[int] = ..., engine_args: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tool_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., llama_cpp: _Optional[_Union[LlamaCppOptions, _Mapping]] = ...) -> None: ...
+
+class LlamaCppOptions(_message.Message):
+    __slots__ = ("n_ctx", "n_parallel", "n_threads", "n_gpu_layers", "chat_template", "server_binary", "server_args")
+    N_CTX_FIELD_NUMBER: _ClassVar[int]
+    N_PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    N_THREADS_FIELD_NUMBER: _ClassVar[int]
+    N_GPU_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    SERVER_BINARY_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ARGS_FIELD_NUMBER: _ClassVar[int]
+    n_ctx: int
+    n_parallel: int
+    n_threads: int
+    n_gpu_layers: int
+    chat_template: str
+    server_binary: str
+    server_args: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, n_ctx: _Optional[int] = ..., n_parallel: _Optional[int] = ..., n_threads: _Optional[int] = ..., n_gpu_layers: _Optional[int] = ..., chat_template: _Optional[str] = ..., server_binary: _Optional[str] = ..., server_args: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Endpoint(_message.Message):
     __slots__ = ("host", "port")

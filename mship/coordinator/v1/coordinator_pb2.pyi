@@ -207,7 +207,7 @@ class ListLeasesResponse(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[LeaseRecord, _Mapping]]] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
-    __slots__ = ("replica_id", "model", "version", "endpoint", "node_id", "pid", "max_model_len", "spec", "engine_load_s")
+    __slots__ = ("replica_id", "model", "version", "endpoint", "node_id", "pid", "max_model_len", "spec", "engine_load_s", "embedding_dimension")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,7 @@ class ReplicaInfo(_message.Message):
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     ENGINE_LOAD_S_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_DIMENSION_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     model: str
     version: str
@@ -226,7 +227,8 @@ class ReplicaInfo(_message.Message):
     max_model_len: int
     spec: _common_pb2.ModelSpec
     engine_load_s: float
-    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., node_id: _Optional[str] = ..., pid: _Optional[int] = ..., max_model_len: _Optional[int] = ..., spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., engine_load_s: _Optional[float] = ...) -> None: ...
+    embedding_dimension: int
+    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., node_id: _Optional[str] = ..., pid: _Optional[int] = ..., max_model_len: _Optional[int] = ..., spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., engine_load_s: _Optional[float] = ..., embedding_dimension: _Optional[int] = ...) -> None: ...
 
 class RegisterReplicaRequest(_message.Message):
     __slots__ = ("replica",)
@@ -261,18 +263,20 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
 class ModelRoute(_message.Message):
-    __slots__ = ("name", "version", "usecase", "max_model_len", "replicas")
+    __slots__ = ("name", "version", "usecase", "max_model_len", "replicas", "embedding_dimension")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     USECASE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_DIMENSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     usecase: _common_pb2.Usecase
     max_model_len: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., usecase: _Optional[_Union[_common_pb2.Usecase, str]] = ..., max_model_len: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
+    embedding_dimension: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., usecase: _Optional[_Union[_common_pb2.Usecase, str]] = ..., max_model_len: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., embedding_dimension: _Optional[int] = ...) -> None: ...
 
 class RoutingSnapshot(_message.Message):
     __slots__ = ("version", "models", "pending")

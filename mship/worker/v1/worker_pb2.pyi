@@ -324,16 +324,18 @@ class InferEvent(_message.Message):
     def __init__(self, delta: _Optional[_Union[Delta, _Mapping]] = ..., final: _Optional[_Union[Final, _Mapping]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("request_id", "model", "inputs", "dimensions")
+    __slots__ = ("request_id", "model", "inputs", "dimensions", "prompts")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     inputs: _containers.RepeatedScalarFieldContainer[str]
     dimensions: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., dimensions: _Optional[int] = ...) -> None: ...
+    prompts: _containers.RepeatedCompositeFieldContainer[PromptInput]
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., dimensions: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[PromptInput, _Mapping]]] = ...) -> None: ...
 
 class Embedding(_message.Message):
     __slots__ = ("values",)
@@ -366,7 +368,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("model", "ready", "running_requests", "waiting_requests", "kv_cache_usage", "inflight_calls", "generated_tokens_total", "prompt_tokens_total", "max_model_len")
+    __slots__ = ("model", "ready", "running_requests", "waiting_requests", "kv_cache_usage", "inflight_calls", "generated_tokens_total", "prompt_tokens_total", "max_model_len", "embedding_dimension")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -376,6 +378,7 @@ class LoadReport(_message.Message):
     GENERATED_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_DIMENSION_FIELD_NUMBER: _ClassVar[int]
     model: str
     ready: bool
     running_requests: int
@@ -385,4 +388,5 @@ class LoadReport(_message.Message):
     generated_tokens_total: int
     prompt_tokens_total: int
     max_model_len: int
-    def __init__(self, model: _Optional[str] = ..., ready: _Optional[bool] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., inflight_calls: _Optional[int] = ..., generated_tokens_total: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    embedding_dimension: int
+    def __init__(self, model: _Optional[str] = ..., ready: _Optional[bool] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., inflight_calls: _Optional[int] = ..., generated_tokens_total: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., max_model_len: _Optional[int] = ..., embedding_dimension: _Optional[int] = ...) -> None: ...

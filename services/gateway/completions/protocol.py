@@ -18,24 +18,21 @@ from services.gateway.protocol_common.outputs import (
     usage_dict,
 )
 from services.gateway.protocol_common.sampling import SamplingFields, build_request, sampling_params
-from services.gateway.protocol_common.validation import UINT32_MAX, Bool, Int, Str, invalid, parse_body, tagged
+from services.gateway.protocol_common.validation import (
+    Bool,
+    Int,
+    Str,
+    TokenId,
+    invalid,
+    parse_body,
+    tagged,
+    text_or_tokens,
+)
 
-TokenId = Annotated[Int, Field(ge=0, le=UINT32_MAX)]
 MAX_LOGPROBS = 5  # OpenAI's limit for the legacy API
 
 
-def _prompt_kind(value: Any) -> str | None:
-    if isinstance(value, str):
-        return "text"
-    if not isinstance(value, list):
-        return None
-    first = value[0] if value else ""
-    if isinstance(first, list):
-        return "token_lists"
-    return "tokens" if isinstance(first, int) and not isinstance(first, bool) else "texts"
-
-
-Prompt = tagged(_prompt_kind, {
+Prompt = tagged(text_or_tokens, {
     "text": Str,
     "texts": Annotated[list[Str], Field(min_length=1)],
     "tokens": Annotated[list[TokenId], Field(min_length=1)],

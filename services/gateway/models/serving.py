@@ -14,9 +14,10 @@ class ModelsServing:
         self.table, self.created = table, created
 
     def list(self) -> dict[str, Any]:
-        return model_list(self.table.routes, self.created)
+        return model_list(((name, r.embedding_dimension) for name, r in self.table.routes.items()), self.created)
 
     def get(self, model_id: str) -> dict[str, Any]:
-        if model_id not in self.table.routes:
+        route = self.table.routes.get(model_id)
+        if route is None:
             raise model_not_found(model_id)
-        return model_card(model_id, self.created)
+        return model_card(model_id, self.created, route.embedding_dimension)

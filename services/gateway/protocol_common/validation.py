@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Annotated, Any, Protocol, TypeVar, Union
 
-from pydantic import AllowInfNan, BaseModel, ConfigDict, Discriminator, Strict, Tag, ValidationError
+from pydantic import AllowInfNan, BaseModel, ConfigDict, Discriminator, Field, Strict, Tag, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from services.gateway.protocol_common.openai_error import OpenAIError, invalid_json, invalid_request
@@ -31,6 +31,7 @@ Str = Annotated[str, Strict()]
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 UINT32_MAX = 2**32 - 1
+TokenId = Annotated[Int, Field(ge=0, le=UINT32_MAX)]  # a prompt or input given as token ids
 
 
 class WireModel(BaseModel):
@@ -72,6 +73,19 @@ def _error(loc: str | tuple[str | int, ...], kind: Any, value: Any,
 
 
 # ---- unions that report one branch's errors ----------------------------------------------------
+
+def text_or_tokens(value: Any) -> str | None:
+    """The branch of an OpenAI text-or-tokens field (`prompt`, `input`): text | texts | tokens |
+    token_lists; None when it is none of them."""
+    if isinstance(value, str):
+        return "text"
+    if not isinstance(value, list):
+        return None
+    first = value[0] if value else ""
+    if isinstance(first, list):
+        return "token_lists"
+    return "tokens" if isinstance(first, int) and not isinstance(first, bool) else "texts"
+
 
 def tagged(choose: Callable[[Any], str | None], branches: dict[str, Any], expected: str) -> Any:
     """A union validated against the single branch `choose` names, so errors come from that branch

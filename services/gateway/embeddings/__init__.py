@@ -1,0 +1,1 @@
+"""`/v1/embeddings`: `protocol` (requests and results), `serving`, `router`."""

@@ -1,0 +1,283 @@
+"""The llama_cpp loader: the Engine interface over llama.cpp's own server (`llama_server.py`).
+
+render = the server's chat template (`/apply-template`, Jinja, tools passed through) + `/tokenize`;
+generate = a streamed `/completion` of the token ids in a slot this engine chose (`SlotPool`);
+closing that stream (a cancelled call, `abort`) stops the slot's generation while the other slots
+go on. One choice per request (`n` > 1 is refused): a slot generates one sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import httpx
+
+from mship.common.v1 import common_pb2
+from services.common.errors import Reason, ServiceError, invalid_parameter
+from services.worker.engine import (
+    ChoiceDelta,
+    Engine,
+    EngineStats,
+    Prompt,
+    RenderRequest,
+    StepOutput,
+    TokenLogprob,
+    TopToken,
+)
+from services.worker.llama_server import LlamaServer, ServerConfig, gpu_layers
+from services.worker.sampling import Sampling
+
+log = logging.getLogger(__name__)
+logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per llama-server call
+DEFAULT_N_CTX, DEFAULT_N_PARALLEL = 4096, 4
+FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
+# Sampling -> /completion fields (same meaning, llama.cpp's names)
+FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+          "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+          "repetition_penalty": "repeat_penalty", "seed": "seed"}
+
+
+class SlotPool:
+    """Which slot serves a request. A slot's cached prompt belongs to the identity whose request
+    computed it: a request reuses the cache (cache_prompt) only on a slot its own identity used
+    last; on any other slot the prompt is computed afresh, so no identity ever gets a prefix
+    another one computed (no timing side channel across tenants)."""
+
+    def __init__(self, n: int) -> None:
+        self.owner: list[str | None] = [None] * n
+        self.busy = [False] * n
+        self.waiting = 0
+        self._changed = asyncio.Condition()
+
+    async def acquire(self, identity: str) -> tuple[int, bool]:
+        """(slot, reuse its cache); waits while every slot is busy."""
+        async with self._changed:
+            self.waiting += 1
+            try:
+                await self._changed.wait_for(lambda: not all(self.busy))
+            finally:
+                self.waiting -= 1
+            free = [i for i, busy in enumerate(self.busy) if not busy]
+            own = [i for i in free if self.owner[i] == identity]
+            slot = own[0] if own else next((i for i in free if self.owner[i] is None), free[0])
+            reuse = self.owner[slot] == identity
+            self.busy[slot], self.owner[slot] = True, identity
+            return slot, reuse
+
+    async def release(self, slot: int) -> None:
+        async with self._changed:
+            self.busy[slot] = False
+            self._changed.notify()
+
+    @property
+    def running(self) -> int:
+        return sum(self.busy)
+
+
+def server_config(spec: common_pb2.ModelSpec, model_path: str, chat_template: str) -> ServerConfig:
+    o = spec.llama_cpp
+    if o.HasField("n_gpu_layers"):
+        layers = o.n_gpu_layers
+    else:
+        layers = gpu_layers(spec.num_gpus, int(_gguf_field(model_path, ".block_count"))) if spec.num_gpus > 0 else 0
+    embed = spec.usecase == common_pb2.USECASE_EMBED
+    # A generative GGUF names no pooling; llama-server then refuses OpenAI embeddings: mean-pool it.
+    pooling = "mean" if embed and _gguf_field(model_path, ".pooling_type") is None else ""
+    return ServerConfig(
+        model_path=model_path, n_ctx=o.n_ctx or spec.max_model_len or DEFAULT_N_CTX,
+        n_parallel=o.n_parallel or spec.max_num_seqs or DEFAULT_N_PARALLEL,
+        # The replica's CPU share is its thread budget: more threads than cores it may use only
+        # contend (measured: 2 threads on a busy 2-core node fell to 3-10 tokens/s).
+        n_threads=o.n_threads or (max(1, round(spec.num_cpus)) if spec.num_cpus else 0),
+        n_gpu_layers=layers, chat_template=o.chat_template or chat_template,
+        embeddings=embed, pooling=pooling, binary=o.server_binary,
+        extra_args=list(o.server_args))
+
+
+def _gguf_field(model_path: str, suffix: str) -> Any:
+    """A scalar of the GGUF's metadata by key suffix (`.block_count` of any architecture), or None."""
+    from gguf import GGUFReader
+
+    for name, f in GGUFReader(model_path).fields.items():
+        if name.endswith(suffix):
+            return f.parts[f.data[0]][0]
+    return None
+
+
+class LlamaCppEngine(Engine):
+    def __init__(self, server: LlamaServer, client: httpx.AsyncClient, cfg: ServerConfig) -> None:
+        self._server, self._client = server, client
+        self.max_model_len = cfg.n_ctx
+        self.supports_embeddings = cfg.embeddings
+        self.slots = SlotPool(cfg.n_parallel)
+        self._stats = EngineStats()
+        self._streams: dict[str, httpx.Response] = {}  # request id -> its open /completion stream
+        self._aborted: set[str] = set()
+
+    @classmethod
+    async def start(cls, spec: common_pb2.ModelSpec, model_ref: str) -> LlamaCppEngine:
+        from services.worker.gguf_models import resolve_gguf
+
+        path, template = await asyncio.to_thread(resolve_gguf, model_ref)
+        cfg = await asyncio.to_thread(server_config, spec, str(path), template)
+        server = await asyncio.to_thread(LlamaServer.spawn, cfg)
+        client = httpx.AsyncClient(base_url=server.url, timeout=httpx.Timeout(None, connect=5.0),
+                                   limits=httpx.Limits(max_connections=cfg.n_parallel + 8))
+        try:
+            await server.wait_healthy(client)
+        except BaseException:
+            await client.aclose()
+            server.stop()
+            raise
+        log.info("llama-server for %s on %s: %d slots x %d tokens", spec.name, server.url, cfg.n_parallel, cfg.n_ctx)
+        engine = cls(server, client, cfg)
+        if cfg.embeddings:
+            engine.embedding_dimension = int(await asyncio.to_thread(_gguf_field, cfg.model_path, ".embedding_length"))
+        return engine
+
+    @property
+    def server_url(self) -> str:
+        return self._server.url
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        reply = await self._client.post(path, json=body)
+        if reply.status_code == 400:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, Reason.UNSUPPORTED_INPUT,
+                               f"llama.cpp refused the input: {_message(reply)}")
+        if reply.status_code != 200:
+            raise ServiceError(grpc.StatusCode.INTERNAL, Reason.ENGINE_ERROR,
+                               f"llama-server {path}: {reply.status_code} {_message(reply)}")
+        return reply.json()
+
+    async def render(self, req: RenderRequest) -> Prompt:
+        identity = req.cache_salt or ""
+        if req.prompt_token_ids:
+            return Prompt(list(req.prompt_token_ids), identity)
+        if req.messages is None:
+            text = req.prompt or ""
+        else:
+            body: dict[str, Any] = {"messages": req.messages, "add_generation_prompt": not req.continue_final_message,
+                                    **({"tools": req.tools} if req.tools else {})}
+            if req.chat_template_kwargs:
+                body["chat_template_kwargs"] = req.chat_template_kwargs
+            # llama.cpp's templates leave BOS out: tokenizing adds it where the model wants one
+            text = (await self._post("/apply-template", body))["prompt"]
+        tokens = (await self._post("/tokenize", {"content": text, "add_special": True,
+                                                 "parse_special": True}))["tokens"]
+        return Prompt(list(tokens), identity)
+
+    @staticmethod
+    def _check(s: Sampling) -> None:
+        if s.n > 1:
+            raise invalid_parameter("n", "the llama_cpp loader generates one choice per request (n=1)")
+        if s.regex is not None or s.choice:
+            raise invalid_parameter("response_format", "llama_cpp supports json_schema and json_object formats")
+        if s.min_tokens:
+            raise invalid_parameter("min_tokens", "the llama_cpp loader does not support min_tokens")
+
+    def _body(self, prompt: Prompt, s: Sampling, slot: int, reuse: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "prompt": prompt.token_ids, "stream": True, "id_slot": slot, "cache_prompt": reuse,
+            "n_predict": s.max_tokens or max(1, self.max_model_len - len(prompt.token_ids)),
+            "stop": list(s.stop), "ignore_eos": s.ignore_eos, "return_tokens": True,
+            # the sampled token's own logprob comes with n_probs >= 1
+            "n_probs": max(1, s.logprobs) if s.logprobs is not None else 0}
+        body.update({name: getattr(s, field) for field, name in FIELDS.items() if getattr(s, field) is not None})
+        if s.json_schema is not None or s.json_object:
+            body["json_schema"] = s.json_schema if s.json_schema is not None else {"type": "object"}
+        return body
+
+    async def generate(self, prompt: Prompt, sampling: Sampling, request_id: str,
+                       priority: int = 0) -> AsyncIterator[StepOutput]:
+        self._check(sampling)
+        slot, reuse = await self.slots.acquire(prompt.engine_input)
+        aborted = False
+        try:
+            body = self._body(prompt, sampling, slot, reuse)
+            async with self._client.stream("POST", "/completion", json=body) as reply:
+                if reply.status_code != 200:
+                    await reply.aread()
+                    raise ServiceError(grpc.StatusCode.INTERNAL, Reason.ENGINE_ERROR,
+                                       f"llama-server /completion: {reply.status_code} {_message(reply)}")
+                self._streams[request_id] = reply
+                try:
+                    async for step in self._steps(reply, prompt, sampling.logprobs):
+                        yield step
+                except (httpx.StreamError, httpx.TransportError):
+                    if request_id not in self._aborted:
+                        raise
+                    aborted = True
+        finally:
+            self._streams.pop(request_id, None)
+            self._aborted.discard(request_id)
+            await self.slots.release(slot)
+        if aborted:
+            yield StepOutput([ChoiceDelta(0, "", 0, finish_reason="abort")], True, len(prompt.token_ids), 0)
+
+    async def _steps(self, reply: httpx.Response, prompt: Prompt, logprobs: int | None) -> AsyncIterator[StepOutput]:
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise ServiceError(grpc.StatusCode.INTERNAL, Reason.ENGINE_ERROR, f"llama.cpp: {chunk['error']}")
+            n = len(chunk.get("tokens") or ())
+            self._stats.generated_tokens_total += n
+            delta = ChoiceDelta(0, chunk.get("content", ""), n,
+                                logprobs=_logprobs(chunk, logprobs) if logprobs is not None else [])
+            if not chunk.get("stop"):
+                yield StepOutput([delta], False, len(prompt.token_ids), 0)
+                continue
+            timings = chunk.get("timings", {})
+            self._stats.prompt_tokens_total += len(prompt.token_ids)
+            delta.finish_reason = FINISH.get(chunk.get("stop_type", ""), "stop")
+            delta.stop_sequence = chunk.get("stopping_word") or None
+            yield StepOutput([delta], True, len(prompt.token_ids), int(timings.get("cache_n", 0)))
+            return
+
+    async def abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            reply = self._streams.pop(request_id, None)
+            if reply is not None:
+                self._aborted.add(request_id)
+                await reply.aclose()  # llama-server stops the slot when its client hangs up
+
+    async def embed(self, inputs: list[str | list[int]], dimensions: int | None) -> tuple[list[list[float]], int]:
+        if dimensions is not None:
+            raise invalid_parameter("dimensions", "the llama_cpp loader returns the model's own dimension "
+                                    f"({self.embedding_dimension}); leave 'dimensions' unset")
+        reply = await self._post("/v1/embeddings", {"input": inputs})  # texts or token-id lists alike
+        vectors = [item["embedding"] for item in sorted(reply["data"], key=lambda d: d["index"])]
+        return vectors, int(reply.get("usage", {}).get("prompt_tokens", 0))
+
+    def stats(self) -> EngineStats:
+        self._stats.running_requests, self._stats.waiting_requests = self.slots.running, self.slots.waiting
+        return self._stats
+
+    @property
+    def errored(self) -> bool:
+        return not self._server.alive
+
+    async def shutdown(self) -> None:
+        await self._client.aclose()
+        await asyncio.to_thread(self._server.stop)
+
+
+def _logprobs(chunk: dict[str, Any], k: int) -> list[TokenLogprob]:
+    return [TokenLogprob(token=p.get("token", ""), logprob=float(p.get("logprob", float("-inf"))),
+                         top=[TopToken(t.get("token", ""), float(t.get("logprob", float("-inf"))))
+                              for t in p.get("top_logprobs", [])[:k]])
+            for p in chunk.get("completion_probabilities") or []]
+
+
+def _message(reply: httpx.Response) -> str:
+    try:
+        err = reply.json().get("error", {})
+        return err.get("message", "") if isinstance(err, dict) else str(err)
+    except (ValueError, AttributeError):
+        return reply.text[:200]

@@ -1,0 +1,146 @@
+"""The user-facing API on both loaders: every test here runs once on vLLM (the session platform's
+`tiny`) and once on llama.cpp (the model `make serve` starts: the Makefile's MODEL / NAME / LOADER,
+on a platform of its own, asked through the OpenAI SDK). Checks are model-agnostic: the two
+models differ; what an engine can do must not.
+
+Tool calls are not here: SmolLM2-135M-Instruct's chat template carries no tool format (vLLM's tool
+path is in test_platform.py and test_responses.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+import openai
+import pytest
+from websockets.sync.client import connect
+
+from mship.worker.v1 import worker_pb2 as pb
+from mship.worker.v1 import worker_pb2_grpc
+from tests.helpers import stream_then_drop
+from tests.openresponses import check_events, check_response, check_socket_turn
+from tests.platform_process import ROOT, PlatformProcess
+from tests.worker_calls import wait_load
+
+pytestmark = pytest.mark.integration
+COLORS = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "pink", "brown")
+
+
+def make_default(name: str) -> str:
+    match = re.search(rf"^{name} \?= (\S+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert match, f"the Makefile sets no default {name}"
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def make_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformProcess]:
+    """What `make serve` starts (same model, name and loader), on ports of its own."""
+    home = Path(tmp_path_factory.mktemp("make-serve"))
+    proc = PlatformProcess.start(None, home / "mship.log", gateway_replicas=1, extra=(
+        "--model", make_default("MODEL"), "--name", make_default("NAME"), "--loader", make_default("LOADER")))
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@dataclass
+class Served:
+    loader: str
+    platform: PlatformProcess
+    model: str
+
+    def sdk(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.platform.base_url}/v1", api_key="key-loaders", max_retries=0)
+
+    def worker_address(self) -> str:
+        (route,) = [m for m in self.platform.routing().models if m.name == self.model]
+        return f"{route.replicas[0].endpoint.host}:{route.replicas[0].endpoint.port}"
+
+
+@pytest.fixture(params=["vllm", "llama_cpp"])
+def served(request: pytest.FixtureRequest) -> Served:
+    if request.param == "vllm":
+        return Served("vllm", request.getfixturevalue("platform"), "tiny")
+    assert make_default("LOADER") == "llama_cpp"
+    return Served("llama_cpp", request.getfixturevalue("make_serve"), make_default("NAME"))
+
+
+def test_make_serve_answers_simple_questions(make_serve):
+    """(llama.cpp only: vLLM's `tiny` answers its fixed corpus, checked in test_platform.py.)"""
+    client = Served("llama_cpp", make_serve, make_default("NAME")).sdk()
+
+    def ask(question: str) -> str:
+        reply = client.chat.completions.create(model=make_default("NAME"), max_tokens=40, temperature=0,
+                                               messages=[{"role": "user", "content": question}])
+        return (reply.choices[0].message.content or "").lower()
+
+    assert re.search(r"\b4\b|four", ask("What is 2+2?"))
+    assert sum(c in ask("Name three colors.") for c in COLORS) >= 3
+
+
+def test_chat_streamed_and_not(served):
+    client = served.sdk()
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    whole = client.chat.completions.create(model=served.model, messages=messages, max_tokens=24, temperature=0)
+    assert whole.choices[0].message.content and whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage.prompt_tokens > 0 and 0 < whole.usage.completion_tokens <= 24
+    chunks = list(client.chat.completions.create(model=served.model, messages=messages, max_tokens=24,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_completions(served):
+    done = served.sdk().completions.create(model=served.model, prompt="Once upon a time", max_tokens=5,
+                                           temperature=0, extra_body={"ignore_eos": True})
+    assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 5
+
+
+async def test_client_disconnect_mid_stream_stops_the_engine(served):
+    async with grpc.aio.insecure_channel(served.worker_address()) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        await asyncio.to_thread(stream_then_drop, served.platform.http_port, 5, served.model)
+        report, _ = await wait_load(stub, lambda r: r.running_requests == 0 and r.inflight_calls == 0, 0.2)
+        frozen = report.generated_tokens_total
+        await asyncio.sleep(0.3)
+        assert (await stub.GetLoad(pb.GetLoadRequest())).generated_tokens_total == frozen
+
+
+def test_responses_http_and_stream(served):
+    with httpx.Client(base_url=f"{served.platform.base_url}/v1", timeout=120,
+                      headers={"authorization": "Bearer key-loaders"}) as c:
+        body = {"model": served.model, "input": "Name three colors.", "max_output_tokens": 24, "temperature": 0}
+        created = c.post("/responses", json=body)
+        assert created.status_code == 200, created.text
+        check_response(created.json())
+        assert created.json()["status"] in ("completed", "incomplete") and created.json()["output"]
+        with c.stream("POST", "/responses", json={**body, "stream": True}) as stream:
+            events = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: {")]
+        check_events(events)
+        assert events[-1]["type"] in ("response.completed", "response.incomplete")
+
+
+def test_responses_websocket_mode(served):
+    url = f"ws://127.0.0.1:{served.platform.http_port}/v1/responses"
+    with connect(url, additional_headers={"authorization": "Bearer key-loaders"}) as ws:
+        previous = None
+        for text in ("What is 2+2?", "And 3+3?"):
+            ws.send(json.dumps({"type": "response.create", "model": served.model, "input": text, "temperature": 0,
+                                "max_output_tokens": 16, "store": False,
+                                **({"previous_response_id": previous} if previous else {})}))
+            events: list[dict] = []
+            while not events or events[-1]["type"] not in ("response.completed", "response.incomplete",
+                                                             "response.failed", "error"):
+                events.append(json.loads(ws.recv(timeout=120)))
+            check_socket_turn(events)
+            assert events[-1]["type"] in ("response.completed", "response.incomplete"), events[-1]
+            previous = events[-1]["response"]["id"]

@@ -1,0 +1,134 @@
+"""The llama_cpp loader's decisions without a server: slot choice (per-identity cache reuse), the
+llama-server command line from a ModelSpec (slots, context, threads, GPU layers for a GPU share),
+GGUF references, the /completion body from sampling, and the models.yaml keys."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from clients.modelset import ConfigError, parse_model
+from mship.common.v1 import common_pb2
+from services.common.errors import ServiceError
+from services.worker import llama_cpp_engine
+from services.worker.engine import Prompt
+from services.worker.gguf_models import resolve_gguf
+from services.worker.llama_cpp_engine import LlamaCppEngine, SlotPool, server_config
+from services.worker.llama_server import ServerConfig, gpu_layers
+from services.worker.sampling import Sampling
+from services.worker.vllm_engine import gpu_memory_share
+
+
+async def test_a_slot_cache_is_reused_only_by_the_identity_that_filled_it():
+    pool = SlotPool(2)
+    a, reuse = await pool.acquire("alice")
+    assert reuse is False  # a fresh slot: nothing of hers cached yet
+    await pool.release(a)
+    assert await pool.acquire("alice") == (a, True)
+    b, reuse = await pool.acquire("bob")
+    assert b != a and reuse is False
+    await pool.release(a)
+    await pool.release(b)
+    # Both slots free: bob gets his own; carol takes a slot another identity filled, without its cache.
+    assert await pool.acquire("bob") == (b, True)
+    assert await pool.acquire("carol") == (a, False)
+
+
+async def test_a_request_waits_for_a_free_slot():
+    pool = SlotPool(1)
+    slot, _ = await pool.acquire("a")
+    waiter = asyncio.ensure_future(pool.acquire("b"))
+    await asyncio.sleep(0)
+    assert not waiter.done() and pool.waiting == 1 and pool.running == 1
+    await pool.release(slot)
+    assert await asyncio.wait_for(waiter, 1) == (slot, False)
+
+
+def spec(**kw) -> common_pb2.ModelSpec:
+    return common_pb2.ModelSpec(name="m", model="x.gguf", loader=common_pb2.LOADER_LLAMA_CPP, **kw)
+
+
+def test_the_server_config_from_a_spec(monkeypatch):
+    cfg = server_config(spec(max_model_len=2048, max_num_seqs=3, num_cpus=2), "/m.gguf", "")
+    assert (cfg.n_ctx, cfg.n_parallel, cfg.n_threads, cfg.n_gpu_layers) == (2048, 3, 2, 0)
+    explicit = spec(max_model_len=2048, num_cpus=0.5,
+                    llama_cpp=common_pb2.LlamaCppOptions(n_ctx=512, n_parallel=8, n_threads=4, n_gpu_layers=7,
+                                                         chat_template="T", server_args=["--flash-attn", "on"]))
+    cfg = server_config(explicit, "/m.gguf", "builtin template")
+    assert (cfg.n_ctx, cfg.n_parallel, cfg.n_threads, cfg.n_gpu_layers, cfg.chat_template) == (512, 8, 4, 7, "T")
+    argv = cfg.argv("llama-server", 9999, "/t.jinja")
+    assert argv[argv.index("-c") + 1] == str(512 * 8) and argv[argv.index("-np") + 1] == "8"  # -c: all slots
+    assert argv[argv.index("--cache-ram") + 1] == "0" and "--no-cache-idle-slots" in argv
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[-2:] == ["--flash-attn", "on"]
+    assert "--embeddings" not in argv and argv[argv.index("--chat-template-file") + 1] == "/t.jinja"
+    monkeypatch.setattr(llama_cpp_engine, "_gguf_field", lambda path, key: None)  # a GGUF naming no pooling
+    embed = server_config(spec(usecase=common_pb2.USECASE_EMBED, num_cpus=0.5), "/m.gguf", "")
+    assert embed.embeddings and embed.n_threads == 1 and embed.n_ctx == 4096 and embed.n_parallel == 4
+    argv = embed.argv("llama-server", 1, None)
+    assert argv[argv.index("--embeddings") + 1:argv.index("--embeddings") + 3] == ["--pooling", "mean"]
+
+
+@pytest.mark.parametrize("num_gpus, layers", [(0, 0), (0.25, 7), (0.5, 15), (1, 31), (2, 31)])
+def test_a_gpu_share_sizes_the_offloaded_layers(monkeypatch, num_gpus, layers):
+    assert gpu_layers(num_gpus, 30) == layers
+    monkeypatch.setattr(llama_cpp_engine, "_gguf_field", lambda path, key: 30)
+    assert server_config(spec(num_gpus=num_gpus), "/m.gguf", "").n_gpu_layers == layers
+
+
+def test_gguf_references(tmp_path):
+    path, template = resolve_gguf("builtin:smollm2-135m-instruct")
+    assert path.suffix == ".gguf" and path.is_file() and template == ""  # its template is in the file
+    with pytest.raises(ValueError, match="no GGUF"):
+        resolve_gguf("builtin:tiny-qwen2")
+    with pytest.raises(ValueError, match=r"not a \.gguf"):
+        resolve_gguf(str(tmp_path / "model.safetensors"))
+    with pytest.raises(FileNotFoundError):
+        resolve_gguf(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ValueError, match=r"hf:ORG/REPO/FILE\.gguf"):
+        resolve_gguf("hf:org/file.gguf")
+
+
+def test_the_completion_body_from_sampling():
+    engine = LlamaCppEngine.__new__(LlamaCppEngine)
+    engine.max_model_len = 100
+    s = Sampling(max_tokens=None, temperature=0.0, repetition_penalty=1.1, logprobs=0, stop=("END",),
+                 json_schema={"type": "object"})
+    body = engine._body(Prompt([1, 2, 3], "alice"), s, slot=2, reuse=True)
+    assert body["n_predict"] == 97 and body["repeat_penalty"] == 1.1 and body["temperature"] == 0.0
+    assert (body["id_slot"], body["cache_prompt"], body["prompt"]) == (2, True, [1, 2, 3])
+    assert body["n_probs"] == 1 and body["stop"] == ["END"] and body["json_schema"] == {"type": "object"}
+    assert "top_p" not in body  # unset: llama.cpp's default
+    for bad, param in ((Sampling(n=2), "n"), (Sampling(regex="a+"), "response_format"),
+                       (Sampling(min_tokens=3), "min_tokens")):
+        with pytest.raises(ServiceError) as refused:
+            LlamaCppEngine._check(bad)
+        assert refused.value.field_violations[0][0] == param
+
+
+def test_models_yaml_llama_cpp_keys():
+    entry = {"name": "smol", "model": "builtin:smollm2-135m-instruct", "loader": "llama_cpp", "n_ctx": 1024,
+             "n_parallel": 2, "n_gpu_layers": 12, "llama_server_args": ["--flash-attn", "on"],
+             "llama_server_binary": "/opt/llama/bin/llama-server"}
+    o = parse_model(entry, "models.yaml", "models[0]").llama_cpp
+    assert (o.n_ctx, o.n_parallel, o.n_gpu_layers, list(o.server_args), o.server_binary) == (
+        1024, 2, 12, ["--flash-attn", "on"], "/opt/llama/bin/llama-server")
+    assert parse_model({**entry, "n_gpu_layers": 0}, "f", "m").llama_cpp.HasField("n_gpu_layers")  # 0 = set: none
+    assert not parse_model({"name": "s", "model": "a.gguf", "loader": "llama_cpp"}, "f", "m").llama_cpp.HasField(
+        "n_gpu_layers")  # unset: sized from num_gpus
+    for bad, key in (({**entry, "model": "org/model"}, "models[0].model"),
+                     ({**entry, "llama_server_args": "--x"}, "models[0].llama_server_args"),
+                     ({"name": "v", "model": "org/m", "n_ctx": 5}, "models[0].n_ctx")):
+        with pytest.raises(ConfigError) as e:
+            parse_model(bad, "models.yaml", "models[0]")
+        assert e.value.key == key
+
+
+@pytest.mark.parametrize("num_gpus, share", [(0, None), (0.25, 0.225), (0.5, 0.45), (1, None), (2, None)])
+def test_a_gpu_share_sizes_vllm_memory_too(num_gpus, share):
+    """The same share on the vLLM loader: gpu_memory_utilization (the code path GPU nodes take)."""
+    assert gpu_memory_share(num_gpus) == share
+
+
+def test_server_config_is_a_plain_record():
+    assert ServerConfig("/m.gguf", 16, 1).argv("b", 1, None)[:3] == ["b", "-m", "/m.gguf"]
