@@ -52,6 +52,8 @@ bench: install models
 	$(PY) bench/edge_overhead.py --json bench/results/edge_overhead.json
 	$(PY) bench/responses_state.py --json bench/results/responses_state.json
 	$(PY) bench/cutover.py --json bench/results/cutover.json
+	$(PY) bench/loaders.py --json bench/results/loaders.json
+	$(PY) bench/shared_node.py --json bench/results/shared_node.json
 
 # The platform on this machine with one model: OpenAI API on http://127.0.0.1:$(HTTP_PORT)/v1
 serve: install

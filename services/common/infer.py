@@ -56,8 +56,8 @@ class InferStream:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self.endpoint.outstanding -= 1  # first: a cancel that raises must not keep the count
             self._call.cancel()
-            self.endpoint.outstanding -= 1
 
 
 async def open_infer(table: RouteTable, model: str, request: pb.InferRequest,

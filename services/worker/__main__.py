@@ -24,6 +24,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=0, help="0 = an ephemeral port (printed)")
     p.add_argument("--max-model-len", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=0)
+    p.add_argument("--num-cpus", type=float, default=0.0, help="the CPU share (llama_cpp: its threads)")
     p.add_argument("--embed", action="store_true", help="serve embeddings instead of generation")
     return p.parse_args(argv)
 
@@ -32,7 +33,7 @@ async def serve(args: argparse.Namespace) -> None:
     spec = common_pb2.ModelSpec(
         name=args.name or args.model, model=args.model, loader=LOADERS[args.loader],
         usecase=common_pb2.USECASE_EMBED if args.embed else common_pb2.USECASE_GENERATE,
-        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, num_cpus=args.num_cpus)
     worker = await start_worker_server(spec, args.host, args.port)
     print(f"worker listening on {args.host}:{worker.port} (model {spec.name})", flush=True)
     stop = asyncio.Event()

@@ -86,5 +86,7 @@ class EventBatches:
             self._generation.close()
 
     async def aclose(self) -> None:
-        await self._batches.aclose()
-        self.release()
+        try:
+            await self._batches.aclose()
+        finally:  # also when a second cancellation interrupts the generator's own cleanup
+            self.release()
