@@ -23,7 +23,7 @@ import grpc
 
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.errors import ErrorDetails
-from services.common.infer import UpstreamError, open_infer
+from services.common.infer import UpstreamError, call_unary, open_infer
 from services.common.routes import RouteTable, RoutingWatcher
 
 SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
@@ -128,13 +128,12 @@ class MshipClient:
         return out
 
     async def embed(self, model: str, inputs: list[str]) -> list[list[float]]:
-        endpoints = self.table.candidates(model)
-        if not endpoints:
+        if model not in self.table.routes:
             raise MshipError(ErrorDetails(grpc.StatusCode.NOT_FOUND, f"model {model!r} is not served",
                                           reason="MODEL_NOT_FOUND"))
+        request = pb.EmbedRequest(request_id=uuid.uuid4().hex, model=model, inputs=inputs)
         try:
-            reply = await endpoints[0].stub.Embed(pb.EmbedRequest(request_id=uuid.uuid4().hex, model=model,
-                                                                   inputs=inputs))
-        except grpc.aio.AioRpcError as e:
-            raise MshipError(ErrorDetails.from_rpc_error(e)) from e
+            reply = await call_unary(self.table, model, lambda endpoint: endpoint.stub.Embed(request))
+        except UpstreamError as e:
+            raise MshipError(e.details) from e
         return [list(e.values) for e in reply.embeddings]

@@ -14,7 +14,8 @@ models:
     tool_parser: hermes           # hermes | none
     reasoning_parser: think       # think | none
     # llama_cpp only: n_ctx (per request), n_parallel (slots), n_threads, n_gpu_layers,
-    # chat_template (Jinja), llama_server_binary (an operator's build), llama_server_args: [...]
+    # chat_template (Jinja), embeddings (= usecase: embed), llama_server_binary (an operator's
+    # build), llama_server_args: [...]
 """
 
 from __future__ import annotations
@@ -90,12 +91,12 @@ def parse_model(entry: Any, source: str, where: str) -> common_pb2.ModelSpec:
                           "use letters, digits and . _ : - (at most 64 characters)")
     spec.name, spec.model = entry["name"], entry["model"]
     spec.loader = _choice(entry, "loader", LOADERS, "vllm", source, where)
+    spec.usecase = _choice(entry, "usecase", USECASES, "generate", source, where)
     if spec.loader == common_pb2.LOADER_LLAMA_CPP:
         _llama_cpp(entry, spec, source, where)
     elif (llama_only := sorted(set(entry) & set(LLAMA_CPP_KEYS))):
         raise ConfigError(source, f"{where}.{llama_only[0]}", "a llama_cpp setting on another loader",
                           "set `loader: llama_cpp`, or remove it (vLLM takes engine_args)")
-    spec.usecase = _choice(entry, "usecase", USECASES, "generate", source, where)
     spec.num_cpus = _number(entry, "num_cpus", float, 0.0, source, where)
     spec.num_gpus = _number(entry, "num_gpus", float, 0.0, source, where)
     spec.max_model_len = _number(entry, "max_model_len", int, 0, source, where)
@@ -144,6 +145,14 @@ def _llama_cpp(entry: dict, spec: common_pb2.ModelSpec, source: str, where: str)
         raise ConfigError(source, f"{where}.llama_server_args", "expected a list of strings",
                           'write e.g. `llama_server_args: ["--flash-attn", "on"]`')
     o.server_args.extend(args)
+    if "embeddings" in entry:
+        wanted = entry["embeddings"]
+        if not isinstance(wanted, bool):
+            raise ConfigError(source, f"{where}.embeddings", "expected true or false", "write `embeddings: true`")
+        usecase = common_pb2.USECASE_EMBED if wanted else common_pb2.USECASE_GENERATE
+        if "usecase" in entry and spec.usecase != usecase:
+            raise ConfigError(source, f"{where}.embeddings", "contradicts `usecase:`", "keep one of them")
+        spec.usecase = usecase
 
 
 def _choice(entry: dict, key: str, choices: dict[str, int], default: str, source: str, where: str) -> int:

@@ -1,10 +1,12 @@
-"""One Infer call to a worker replica: try the endpoints in the route table's order (least loaded
-first), retry another one before the first token, cancel the call to abort the engine request.
-Shared by the gateway and the Python client."""
+"""Calls to a worker replica: try the endpoints in the route table's order (least loaded first),
+retry another one while nothing has been answered (before an Infer stream's first token, or a
+unary call such as Embed), cancel an Infer call to abort the engine request. Shared by the gateway
+and the Python client."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -16,10 +18,47 @@ from services.common.routes import Endpoint, RouteTable
 RETRY_ELSEWHERE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
+T = TypeVar("T")
+
+
 class UpstreamError(Exception):
     def __init__(self, details: ErrorDetails) -> None:
         super().__init__(details.message)
         self.details = details
+
+
+def _retry_elsewhere(table: RouteTable, endpoint: Endpoint, e: grpc.aio.AioRpcError) -> ErrorDetails:
+    """An attempt on `endpoint` failed before anything was answered: its details when another
+    endpoint may be tried (an unreachable one is skipped until the next snapshot; a busy one stays
+    in rotation), else UpstreamError."""
+    details = ErrorDetails.from_rpc_error(e)
+    if e.code() not in RETRY_ELSEWHERE:
+        raise UpstreamError(details) from e
+    if e.code() == grpc.StatusCode.UNAVAILABLE:
+        table.mark_bad(endpoint)
+    return details
+
+
+def _no_replica(model: str, last: ErrorDetails | None) -> UpstreamError:
+    return UpstreamError(last or ErrorDetails(grpc.StatusCode.UNAVAILABLE, f"no live replica of {model!r}",
+                                              reason="NOT_READY", retry_after_s=1.0))
+
+
+async def call_unary(table: RouteTable, model: str, call: Callable[[Endpoint], Awaitable[T]]) -> T:
+    """A unary worker call (e.g. `lambda e: e.stub.Embed(request)`) on the best endpoint, counted in
+    its outstanding calls while it runs, retried elsewhere like an Infer call before its first token."""
+    last: ErrorDetails | None = None
+    for endpoint in table.candidates(model):
+        endpoint.outstanding += 1
+        try:
+            return await call(endpoint)
+        except grpc.aio.UsageError:  # its channel was just closed by a new snapshot: try another
+            continue
+        except grpc.aio.AioRpcError as e:
+            last = _retry_elsewhere(table, endpoint, e)
+        finally:
+            endpoint.outstanding -= 1
+    raise _no_replica(model, last)
 
 
 class InferStream:
@@ -78,14 +117,9 @@ async def open_infer(table: RouteTable, model: str, request: pb.InferRequest,
             stream.close()  # cancelled while waiting (client gone): this cancels the engine work too
             if not isinstance(e, grpc.aio.AioRpcError):
                 raise
-            last = ErrorDetails.from_rpc_error(e)
-            if e.code() not in RETRY_ELSEWHERE:
-                raise UpstreamError(last) from e
-            if e.code() == grpc.StatusCode.UNAVAILABLE:  # unreachable; a busy replica stays in rotation
-                table.mark_bad(endpoint)
+            last = _retry_elsewhere(table, endpoint, e)
             continue
         stream.close()
         last = ErrorDetails(grpc.StatusCode.INTERNAL, "the worker ended the stream without an event")
         break
-    raise UpstreamError(last or ErrorDetails(grpc.StatusCode.UNAVAILABLE, f"no live replica of {model!r}",
-                                             reason="NOT_READY", retry_after_s=1.0))
+    raise _no_replica(model, last)

@@ -1,12 +1,13 @@
 """Server interceptors shared by every mship gRPC service (worker, coordinator, state).
 
 `ErrorInterceptor` is the one place where a raised `ServiceError` becomes the call's rich status
-(code + google.rpc details): servicers only raise. The token check (services/common/auth.py) runs
-before it; metrics will sit beside them.
+(code + google.rpc details): servicers only raise. `TokenAuthInterceptor` runs before it and
+refuses through the same mechanism; metrics will sit beside them.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -14,8 +15,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
-from services.common.auth import TokenAuthInterceptor, platform_token
-from services.common.errors import ServiceError
+from services.common.auth import HEALTH_PREFIX, UNAUTHENTICATED_MESSAGE, platform_token
+from services.common.errors import Reason, ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +47,58 @@ _KINDS = (("unary_unary", grpc.unary_unary_rpc_method_handler, _unary),
           ("stream_stream", grpc.stream_stream_rpc_method_handler, _streaming))
 
 
+def _rebuilt(handler: grpc.RpcMethodHandler | None,
+             behavior_for: Callable[[Callable[..., Any], Callable[..., Any]], Callable[..., Any]]
+             ) -> grpc.RpcMethodHandler | None:
+    """`handler` of the same kind with the behavior `behavior_for(behavior, wrap)` returns."""
+    for attr, make_handler, wrap in _KINDS if handler is not None else ():
+        behavior = getattr(handler, attr)
+        if behavior is not None:
+            return make_handler(behavior_for(behavior, wrap), handler.request_deserializer,
+                                handler.response_serializer)
+    return handler
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Turns `ServiceError` raised by any handler (unary or streaming) into its gRPC status."""
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return _rebuilt(await continuation(details), lambda behavior, wrap: wrap(behavior))
+
+
+_REFUSED = ServiceError(grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+
+
+async def _refuse(_request: Any, _context: grpc.aio.ServicerContext) -> Any:
+    raise _REFUSED
+
+
+async def _refuse_stream(_request: Any, _context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    raise _REFUSED
+    yield  # an async generator, as a streaming method's behavior is
+
+
+class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
+    """Answers UNAUTHENTICATED (a rich status, like every refusal) to a call without
+    `authorization: Bearer <token>`, compared in constant time; grpc.health.v1 stays open."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    def authorized(self, metadata: Any) -> bool:
+        for key, value in metadata or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+                return hmac.compare_digest(given, self._expected)
+        return False
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = await continuation(details)
-        for attr, make_handler, wrap in _KINDS if handler is not None else ():
-            behavior = getattr(handler, attr)
-            if behavior is not None:
-                return make_handler(wrap(behavior), handler.request_deserializer, handler.response_serializer)
-        return handler
+        if details.method.startswith(HEALTH_PREFIX) or self.authorized(details.invocation_metadata):
+            return handler
+        return _rebuilt(handler, lambda _, wrap: wrap(_refuse_stream if wrap is _streaming else _refuse))
 
 
 def server_interceptors() -> list[grpc.aio.ServerInterceptor]:

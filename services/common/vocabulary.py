@@ -13,10 +13,12 @@ LOADERS = {"vllm": common_pb2.LOADER_VLLM, "llama_cpp": common_pb2.LOADER_LLAMA_
 IMPLEMENTED_LOADERS = frozenset(LOADERS)  # a loader named before it runs would be left out here
 # builtin models the llama_cpp loader serves as GGUF (services/worker/gguf_models.py)
 GGUF_BUILTINS = ("smollm2-135m-instruct", "gemma-3-270m")
-# models.yaml keys of the llama_cpp loader -> LlamaCppOptions fields
+# models.yaml keys of the llama_cpp loader -> LlamaCppOptions fields (`embeddings: true` is
+# llama.cpp's spelling of `usecase: embed`, which is what it sets)
 LLAMA_CPP_KEYS = {"n_ctx": "n_ctx", "n_parallel": "n_parallel", "n_threads": "n_threads",
                   "n_gpu_layers": "n_gpu_layers", "chat_template": "chat_template",
-                  "llama_server_binary": "server_binary", "llama_server_args": "server_args"}
+                  "llama_server_binary": "server_binary", "llama_server_args": "server_args",
+                  "embeddings": "usecase"}
 LOADER_NAMES = {value: name for name, value in LOADERS.items()}
 
 USECASES = {"generate": common_pb2.USECASE_GENERATE, "embed": common_pb2.USECASE_EMBED}

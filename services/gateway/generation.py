@@ -18,8 +18,7 @@ import grpc
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
-from services.common.errors import ErrorDetails
-from services.common.infer import RETRY_ELSEWHERE, InferStream, UpstreamError, open_infer
+from services.common.infer import InferStream, UpstreamError, call_unary, open_infer
 from services.common.routes import Endpoint, RouteTable
 from services.gateway.edge.upstream import from_grpc
 from services.gateway.protocol_common.openai_error import OpenAIError, model_not_found, overloaded
@@ -100,23 +99,9 @@ async def cancel_everywhere(table: RouteTable, model: str, request_ids: Iterable
 
 async def embed(table: RouteTable, model: str, request: pb.EmbedRequest, *,
                 timeout_s: float | None = None) -> pb.EmbedResponse:
-    """The Embed call on the best endpoint; an unreachable or busy one is retried elsewhere (nothing
-    has been answered yet). Cancelling the caller cancels the call. Raises OpenAIError."""
-    last: ErrorDetails | None = None
-    for endpoint in table.candidates(model):
-        endpoint.outstanding += 1
-        try:
-            return await endpoint.stub.Embed(request, timeout=timeout_s)
-        except grpc.aio.UsageError:  # its channel was just closed by a new snapshot: try another
-            continue
-        except grpc.aio.AioRpcError as e:
-            last = ErrorDetails.from_rpc_error(e)
-            if e.code() not in RETRY_ELSEWHERE:
-                break
-            if e.code() == grpc.StatusCode.UNAVAILABLE:  # unreachable; a busy replica stays in rotation
-                table.mark_bad(endpoint)
-        finally:
-            endpoint.outstanding -= 1
-    details = last or ErrorDetails(grpc.StatusCode.UNAVAILABLE, f"no live replica of {model!r}", reason="NOT_READY",
-                                   retry_after_s=1.0)
-    raise from_grpc(details, model, input_param="input")
+    """The Embed call on the best endpoint (retried elsewhere while unanswered). Cancelling the
+    caller cancels the call. Raises OpenAIError."""
+    try:
+        return await call_unary(table, model, lambda endpoint: endpoint.stub.Embed(request, timeout=timeout_s))
+    except UpstreamError as e:
+        raise from_grpc(e.details, model, input_param="input") from e

@@ -116,7 +116,10 @@ def test_models_yaml_llama_cpp_keys():
     assert parse_model({**entry, "n_gpu_layers": 0}, "f", "m").llama_cpp.HasField("n_gpu_layers")  # 0 = set: none
     assert not parse_model({"name": "s", "model": "a.gguf", "loader": "llama_cpp"}, "f", "m").llama_cpp.HasField(
         "n_gpu_layers")  # unset: sized from num_gpus
+    assert parse_model({**entry, "embeddings": True}, "f", "m").usecase == common_pb2.USECASE_EMBED
     for bad, key in (({**entry, "model": "org/model"}, "models[0].model"),
+                     ({**entry, "embeddings": True, "usecase": "generate"}, "models[0].embeddings"),
+                     ({**entry, "embeddings": "yes"}, "models[0].embeddings"),
                      ({**entry, "llama_server_args": "--x"}, "models[0].llama_server_args"),
                      ({"name": "v", "model": "org/m", "n_ctx": 5}, "models[0].n_ctx")):
         with pytest.raises(ConfigError) as e:

@@ -13,8 +13,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mship.state.v1 import state_pb2 as pb
 from mship.state.v1 import state_pb2_grpc
-from services.common.auth import TokenAuthInterceptor
 from services.common.channels import aio_channel, sync_channel
+from services.common.errors import ErrorDetails
+from services.common.interceptors import TokenAuthInterceptor
 from services.common.vocabulary import ENV_RAY_AUTH_TOKEN
 from services.state.server import start_state_server
 
@@ -50,6 +51,7 @@ async def test_calls_without_the_right_token_are_unauthenticated(address, token)
                 await call
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert ENV_RAY_AUTH_TOKEN in refused.value.details()
+            assert ErrorDetails.from_rpc_error(refused.value).reason == "UNAUTHENTICATED"  # a rich status
 
 
 async def test_health_stays_open_without_a_token(address):

@@ -22,6 +22,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NOT_FOUND: _ClassVar[ErrorReason]
     CONFLICT: _ClassVar[ErrorReason]
     DEPLOY_IN_PROGRESS: _ClassVar[ErrorReason]
+    UNAUTHENTICATED: _ClassVar[ErrorReason]
 
 class Loader(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -46,6 +47,7 @@ STORE_UNAVAILABLE: ErrorReason
 NOT_FOUND: ErrorReason
 CONFLICT: ErrorReason
 DEPLOY_IN_PROGRESS: ErrorReason
+UNAUTHENTICATED: ErrorReason
 LOADER_UNSPECIFIED: Loader
 LOADER_VLLM: Loader
 LOADER_LLAMA_CPP: Loader

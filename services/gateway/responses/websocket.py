@@ -9,6 +9,7 @@ latest id once a continuation from it failed (its cached state is dropped, as th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from typing import Any
@@ -35,14 +36,33 @@ class ResponsesSocket:
         self.latest: tuple[str, list[dict[str, Any]]] | None = None  # (response id, its conversation)
 
     async def serve(self) -> None:
+        """Turns one after another. The socket is read during a turn too: a client that hangs up
+        mid-turn cancels it (and its worker call) at once, not at the turn's next send; a message
+        that arrives meanwhile waits for the turn to end."""
         await self.ws.accept()
-        with contextlib.suppress(WebSocketDisconnect):
-            while True:
-                message = await self.ws.receive_text()
-                try:
-                    await self.turn(message)
-                except OpenAIError as e:
-                    await self.ws.send_json(_error(e))
+        receiving = asyncio.ensure_future(self.ws.receive())
+        turn: asyncio.Future | None = None
+        try:
+            while (message := await receiving)["type"] != "websocket.disconnect":
+                receiving = asyncio.ensure_future(self.ws.receive())
+                turn = asyncio.ensure_future(self._answer(message.get("text") or ""))
+                await asyncio.wait({turn, receiving}, return_when=asyncio.FIRST_COMPLETED)
+                if receiving.done() and receiving.result()["type"] == "websocket.disconnect":
+                    turn.cancel()
+                await asyncio.wait({turn})  # (this task's own cancellation still propagates)
+                failure = None if turn.cancelled() else turn.exception()
+                if failure is not None and not isinstance(failure, WebSocketDisconnect):
+                    raise failure
+        finally:
+            for task in (receiving, turn):
+                if task is not None:
+                    task.cancel()
+
+    async def _answer(self, message: str) -> None:
+        try:
+            await self.turn(message)
+        except OpenAIError as e:
+            await self.ws.send_json(_error(e))
 
     def _parse(self, message: str) -> ResponseRequest:
         try:
