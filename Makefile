@@ -33,6 +33,8 @@ proto: install
 # Build the builtin models into the cache ($$MSHIP_CACHE_DIR or ~/.cache/mship) ahead of the tests.
 models: install
 	$(PY) -m services.worker.builtin tiny-qwen2 gemma-3-270m all-minilm-l6-v2 smollm2-135m-instruct
+	# the GGUFs llama_cpp serves (tiny-qwen2 converted from its build, Gemma assembled)
+	$(PY) -c "from services.worker.gguf_models import resolve_gguf as r; [r('builtin:' + n) for n in ('tiny-qwen2', 'gemma-3-270m')]"
 
 test: install models
 	$(PY) -m pytest tests -v -p no:cacheprovider
@@ -54,6 +56,7 @@ bench: install models
 	$(PY) bench/cutover.py --json bench/results/cutover.json
 	$(PY) bench/loaders.py --json bench/results/loaders.json
 	$(PY) bench/shared_node.py --json bench/results/shared_node.json
+	$(PY) bench/llama_runtimes.py --json bench/results/llama_runtimes.json
 
 # The platform on this machine with one model: OpenAI API on http://127.0.0.1:$(HTTP_PORT)/v1
 serve: install

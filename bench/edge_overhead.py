@@ -10,8 +10,10 @@ per generated token (its own processes, engine included; the gateway's replica a
 the engine share the cores, so throughput there is CPU per token: the CPU columns say where it goes.
 Targets (issue 3): the gateway adds <= 1 ms p50 / <= 3 ms p99 TTFT over
 vLLM's server and keeps >= 99% of its throughput; the gRPC client adds <= 0.3 ms p50.
+First it prints what API keys and rate limits add at the edge (bench/admission_overhead.py;
+issue 19: <= 0.2 ms p50 in memory, <= 1 ms with Redis); `--admission-only` stops there.
 
-  .venv/bin/python bench/edge_overhead.py [--rounds 3] [--tokens 64] [--json out.json]
+  .venv/bin/python bench/edge_overhead.py [--rounds 3] [--tokens 64] [--json out.json] [--admission-only]
 """
 
 from __future__ import annotations
@@ -179,7 +181,16 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--json", type=Path)
+    p.add_argument("--admission-only", action="store_true",
+                   help="only what API keys and rate limits add (bench/admission_overhead.py), no vLLM")
     args = p.parse_args()
+    from bench import admission_overhead
+
+    admission = asyncio.run(admission_overhead.main_async(argparse.Namespace(requests=300, rounds=3)))
+    if args.admission_only:
+        if args.json:
+            write_json(args.json, args, admission=admission)
+        return
     model_dir = resolve_model_ref("builtin:tiny-qwen2")
     tmp = Path(tempfile.mkdtemp(prefix="mship-edge-bench-"))
     (tmp / "models.yaml").write_text(f"models:\n  - name: {MODEL}\n    model: builtin:tiny-qwen2\n"
@@ -213,7 +224,7 @@ def main() -> None:
               f"{100 * summary[c]['gateway_throughput_ratio']:.1f}%; the gateway replica spends "
               f"{summary[c]['gateway_replica_cpu_us_per_token']:.0f} us CPU per token")
     if args.json:
-        write_json(args.json, args, table=table, summary=summary)
+        write_json(args.json, args, table=table, summary=summary, admission=admission)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ models:
     engine_args: {enable_prefix_caching: true}
     tool_parser: hermes           # hermes | none
     reasoning_parser: think       # think | none
+    rate_limits: {requests_per_minute: 600, tokens_per_minute: 200000}  # per identity; 0 = unlimited
     # llama_cpp only: n_ctx (per request), n_parallel (slots), n_threads, n_gpu_layers,
     # chat_template (Jinja), embeddings (= usecase: embed), llama_server_binary (an operator's
     # build), llama_server_args: [...]
@@ -28,13 +29,23 @@ import yaml
 from google.protobuf import struct_pb2
 
 from mship.common.v1 import common_pb2
-from services.common.vocabulary import GGUF_BUILTINS, LLAMA_CPP_KEYS, LOADERS, REASONING_PARSERS, TOOL_PARSERS, USECASES
+from services.common.vocabulary import (
+    GGUF_BUILTINS,
+    LLAMA_CPP_KEYS,
+    LLAMA_RUNTIMES,
+    LOADERS,
+    REASONING_PARSERS,
+    TOOL_PARSERS,
+    USECASES,
+)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 AUTOSCALING_KEYS = {"min_replicas": int, "max_replicas": int, "target_ongoing_requests": float,
                     "upscale_delay_s": float, "downscale_delay_s": float}
 MODEL_KEYS = {"name", "model", "loader", "usecase", "num_cpus", "num_gpus", "num_replicas", "autoscaling_config",
-              "max_model_len", "max_num_seqs", "engine_args", "tool_parser", "reasoning_parser", *LLAMA_CPP_KEYS}
+              "max_model_len", "max_num_seqs", "engine_args", "tool_parser", "reasoning_parser", "rate_limits",
+              *LLAMA_CPP_KEYS}
+RATE_LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute")
 
 
 class ConfigError(ValueError):
@@ -110,6 +121,8 @@ def parse_model(entry: Any, source: str, where: str) -> common_pb2.ModelSpec:
     if "autoscaling_config" in entry:
         spec.autoscaling.CopyFrom(_autoscaling(entry["autoscaling_config"], source, f"{where}.autoscaling_config"))
         spec.num_replicas = 0
+    if "rate_limits" in entry:
+        _rate_limits(entry["rate_limits"], spec.rate_limits, source, f"{where}.rate_limits")
     if "engine_args" in entry:
         args = entry["engine_args"]
         if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
@@ -140,6 +153,11 @@ def _llama_cpp(entry: dict, spec: common_pb2.ModelSpec, source: str, where: str)
         if not isinstance(value, str):
             raise ConfigError(source, f"{where}.{key}", "expected a string", f"set `{key}:` to a string")
         setattr(o, LLAMA_CPP_KEYS[key], value)
+    runtime = entry.get("llama_runtime", "")
+    if runtime and runtime not in LLAMA_RUNTIMES:
+        raise ConfigError(source, f"{where}.llama_runtime", f"unknown llama_runtime {runtime!r}",
+                          f"use one of {', '.join(LLAMA_RUNTIMES)}")
+    o.runtime = runtime
     args = entry.get("llama_server_args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise ConfigError(source, f"{where}.llama_server_args", "expected a list of strings",
@@ -177,6 +195,18 @@ def _number(entry: dict, key: str, kind: type, default: Any, source: str, where:
         raise ConfigError(source, f"{where}.{key}", f"expected {what} >= {minimum}, got {value!r}",
                           f"set `{key}:` to {what} >= {minimum}")
     return kind(value)
+
+
+def _rate_limits(cfg: Any, out: common_pb2.RateLimits, source: str, where: str) -> None:
+    if not isinstance(cfg, dict):
+        raise ConfigError(source, where, "expected a mapping",
+                          "write `rate_limits: {requests_per_minute: 600, tokens_per_minute: 200000}`")
+    unknown = sorted(set(cfg) - set(RATE_LIMIT_KEYS))
+    if unknown:
+        raise ConfigError(source, f"{where}.{unknown[0]}", "unknown key",
+                          f"remove it; known keys: {', '.join(RATE_LIMIT_KEYS)}")
+    for key in RATE_LIMIT_KEYS:
+        setattr(out, key, _number(cfg, key, int, 0, source, where))
 
 
 def _autoscaling(cfg: Any, source: str, where: str) -> common_pb2.AutoscalingConfig:

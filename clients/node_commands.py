@@ -20,7 +20,15 @@ import time
 from pathlib import Path
 
 from clients.modelset import ConfigError
-from services.common.vocabulary import ENV_CACHE_DIR, ENV_RAY_AUTH_TOKEN, ENV_STATE_STORE
+from services.common.vocabulary import (
+    ENV_API_KEYS,
+    ENV_API_KEYS_FILE,
+    ENV_CACHE_DIR,
+    ENV_RAY_AUTH_TOKEN,
+    ENV_STATE_STORE,
+    ENV_TRUST_IDENTITY_HEADER,
+    ENV_TRUSTED_IDENTITY_HEADER,
+)
 
 EXIT_OK, EXIT_BAD_CONFIG, EXIT_UNREACHABLE, EXIT_DEPLOY_FAILED, EXIT_START_FAILED, EXIT_UNAUTHENTICATED = \
     0, 2, 3, 4, 5, 6
@@ -93,6 +101,7 @@ def cmd_start(args: argparse.Namespace, deploy_initial) -> int:
         if deploy_initial(args) != EXIT_OK:
             print("mship: the initial deploy failed; the platform keeps running", file=sys.stderr)
         print(f"OpenAI API at http://{cfg.host}:{cfg.http_port}/v1  (Ctrl-C or `mship stop` to stop)", flush=True)
+        print(f"API access: {edge_access()}", flush=True)
         stop.wait()
         return EXIT_OK
     except (PortTaken, NodeStartError) as e:
@@ -207,3 +216,14 @@ def add_join_flags(join: argparse.ArgumentParser) -> None:
     join.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                       help="on SIGTERM: how long Serve may move this node's replicas elsewhere")
     join.add_argument("--verbose", action="store_true", help="echo Ray's own output")
+
+
+def edge_access() -> str:
+    """Who may call the OpenAI API, as the gateways will decide it (services.gateway.identity)."""
+    if os.environ.get(ENV_API_KEYS) or os.environ.get(ENV_API_KEYS_FILE):
+        return "API keys required (Authorization: Bearer KEY or x-api-key)"
+    if header := os.environ.get(ENV_TRUSTED_IDENTITY_HEADER) or (
+            "x-mship-identity" if os.environ.get(ENV_TRUST_IDENTITY_HEADER) == "1" else ""):
+        return f"the identity in the {header} header, set by the proxy in front (nothing else is accepted)"
+    return (f"open: no API keys, every caller is the one anonymous identity (one prefix cache, rate limits "
+            f"per client address); set {ENV_API_KEYS} or {ENV_API_KEYS_FILE} to require keys")

@@ -137,7 +137,8 @@ class Platform:
             cfg.host, cfg.coordinator_port, cfg.state_address, cfg.coordinator_address),
             name=COORDINATOR_APP, route_prefix=None)
         serve.run(GatewayDeployment.options(num_replicas=cfg.gateway_replicas).bind(
-            cfg.host, cfg.http_port, cfg.coordinator_address, cfg.state_address), name=GATEWAY_APP, route_prefix=None)
+            cfg.host, cfg.http_port, cfg.coordinator_address, cfg.state_address, rate_store=cfg.state_store),
+            name=GATEWAY_APP, route_prefix=None)
 
     def _start_head(self) -> str:
         cfg = self.cfg

@@ -41,13 +41,19 @@ def refused(parse: Callable[[Any], Any], body: Any, status: int = 400) -> OpenAI
     return err
 
 
-def stream_then_drop(http_port: int, after_chunks: int, model: str = "tiny") -> None:
+def raw_headers(headers: dict[str, str] | None) -> bytes:
+    """Request header lines for a hand-written HTTP request."""
+    return b"".join(f"{k}: {v}\r\n".encode() for k, v in (headers or {}).items())
+
+
+def stream_then_drop(http_port: int, after_chunks: int, model: str = "tiny",
+                     headers: dict[str, str] | None = None) -> None:
     """Open a long SSE chat stream on a raw socket, read `after_chunks` events, then hang up."""
     body = (b'{"model": "' + model.encode() + b'", "stream": true, "max_tokens": 900, "ignore_eos": true, '
             b'"messages": [{"role": "user", "content": "Tell me a story."}]}')
     sock = socket.create_connection(("127.0.0.1", http_port))
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                 + raw_headers(headers) + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     seen = b""
     while seen.count(b"data: ") < after_chunks:
         seen += sock.recv(65536)

@@ -24,8 +24,8 @@ class Sample:
 
 class LoadGenerator:
     def __init__(self, base_url: str, model: str, clients: int = 4, max_tokens: int = 8,
-                 prompt: str = "What is 2 + 2?") -> None:
-        self.base_url = base_url
+                 prompt: str = "What is 2 + 2?", headers: dict[str, str] | None = None) -> None:
+        self.base_url, self.headers = base_url, headers or {}
         self.body = {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": prompt}]}
         self.samples: list[Sample] = []
         self.failures: list[str] = []
@@ -39,7 +39,7 @@ class LoadGenerator:
         return len(self.samples)
 
     def _loop(self, streamed: bool) -> None:
-        with httpx.Client(base_url=self.base_url, timeout=120) as http:
+        with httpx.Client(base_url=self.base_url, timeout=120, headers=self.headers) as http:
             while not self._stop.is_set():
                 t0 = time.monotonic()
                 try:

@@ -59,6 +59,12 @@ class PlatformProcess:
     state_port: int
     gcs_port: int
     token: str | None = None  # the cluster token when started with --enable-ray-auth
+    api_key: str | None = None  # a key the platform accepts (None: it runs without keys)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a client of this platform sends: its API key, when it has keys."""
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     @property
     def base_url(self) -> str:

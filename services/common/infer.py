@@ -100,13 +100,13 @@ class InferStream:
 
 
 async def open_infer(table: RouteTable, model: str, request: pb.InferRequest,
-                     timeout_s: float | None = None) -> InferStream:
+                     timeout_s: float | None = None, metadata: tuple[tuple[str, str | bytes], ...] = ()) -> InferStream:
     """Start the call on the best endpoint and wait for its first event. Every stream that does not
     come back to the caller is closed here, whatever ends it (an error, a cancellation)."""
     last: ErrorDetails | None = None
     for endpoint in table.candidates(model):
         try:
-            call = endpoint.stub.Infer(request, timeout=timeout_s)
+            call = endpoint.stub.Infer(request, timeout=timeout_s, metadata=metadata or None)
         except grpc.aio.UsageError:  # its channel was just closed by a new snapshot: try another
             continue
         stream = InferStream(endpoint, call)

@@ -44,6 +44,8 @@ class Route:
     usecase: int
     endpoints: list[Endpoint] = field(default_factory=list)
     embedding_dimension: int = 0  # embed models: the length of a vector
+    requests_per_minute: int = 0  # the model set's rate_limits, per identity (0: unlimited)
+    tokens_per_minute: int = 0
 
 
 class RouteTable:
@@ -63,7 +65,9 @@ class RouteTable:
         routes, live = {}, set()
         for model in snapshot.models:
             route = Route(model.name, model.version, model.max_model_len, model.usecase,
-                          embedding_dimension=model.embedding_dimension)
+                          embedding_dimension=model.embedding_dimension,
+                          requests_per_minute=model.rate_limits.requests_per_minute,
+                          tokens_per_minute=model.rate_limits.tokens_per_minute)
             for replica in model.replicas:
                 address = f"{replica.endpoint.host}:{replica.endpoint.port}"
                 live.add(address)

@@ -12,13 +12,14 @@ from mship.common.v1 import common_pb2
 LOADERS = {"vllm": common_pb2.LOADER_VLLM, "llama_cpp": common_pb2.LOADER_LLAMA_CPP}
 IMPLEMENTED_LOADERS = frozenset(LOADERS)  # a loader named before it runs would be left out here
 # builtin models the llama_cpp loader serves as GGUF (services/worker/gguf_models.py)
-GGUF_BUILTINS = ("smollm2-135m-instruct", "gemma-3-270m")
+GGUF_BUILTINS = ("smollm2-135m-instruct", "gemma-3-270m", "tiny-qwen2")
 # models.yaml keys of the llama_cpp loader -> LlamaCppOptions fields (`embeddings: true` is
 # llama.cpp's spelling of `usecase: embed`, which is what it sets)
 LLAMA_CPP_KEYS = {"n_ctx": "n_ctx", "n_parallel": "n_parallel", "n_threads": "n_threads",
                   "n_gpu_layers": "n_gpu_layers", "chat_template": "chat_template",
                   "llama_server_binary": "server_binary", "llama_server_args": "server_args",
-                  "embeddings": "usecase"}
+                  "llama_runtime": "runtime", "embeddings": "usecase"}
+LLAMA_RUNTIMES = ("server", "in_process")  # llama-server subprocess (default) | xllamacpp in the worker
 LOADER_NAMES = {value: name for name, value in LOADERS.items()}
 
 USECASES = {"generate": common_pb2.USECASE_GENERATE, "embed": common_pb2.USECASE_EMBED}
@@ -43,11 +44,21 @@ ENV_COORDINATOR = "MSHIP_COORDINATOR"            # the CLI's default --coordinat
 ENV_STATE_STORE = "MSHIP_STATE_STORE"            # memory:// or redis://...
 ENV_REDIS_PASSWORD = "MSHIP_REDIS_PASSWORD"      # for a redis:// store URL without one
 ENV_CACHE_DIR = "MSHIP_CACHE_DIR"                # built models (default ~/.cache/mship)
-ENV_TRUST_IDENTITY_HEADER = "MSHIP_TRUST_IDENTITY_HEADER"  # "1": honour x-mship-identity
+ENV_TRUST_IDENTITY_HEADER = "MSHIP_TRUST_IDENTITY_HEADER"  # "1": honour x-mship-identity (older spelling)
+ENV_TRUSTED_IDENTITY_HEADER = "MSHIP_TRUSTED_IDENTITY_HEADER"  # e.g. x-user: a proxy in front authenticates
+ENV_API_KEYS = "MSHIP_API_KEYS"                  # key:identity,...
+ENV_API_KEYS_FILE = "MSHIP_API_KEYS_FILE"        # one key:identity a line; reloaded on change / SIGHUP
+ENV_RATE_LIMITS_FILE = "MSHIP_RATE_LIMITS_FILE"  # per-identity rate-limit overrides (YAML)
+ENV_MAX_REQUEST_BODY_BYTES = "MSHIP_MAX_REQUEST_BODY_BYTES"
+ENV_CORS_ORIGINS = "MSHIP_CORS_ORIGINS"          # comma-separated origins; default none
+ENV_AUDIT_LOG = "MSHIP_AUDIT_LOG"                # a file path, or "-" for the log stream
+ENV_AUDIT_CONTENT = "MSHIP_AUDIT_CONTENT"        # "1": audit records carry prompts and completions
 ENV_COMPACTION_KEY = "MSHIP_COMPACTION_KEY"      # base64 of 32 bytes, shared by every gateway replica
 ENV_RAY_AUTH_TOKEN = "MSHIP_RAY_AUTH_TOKEN"      # the cluster token: Ray's, and the platform's own gRPC
 ENV_NODE_CAPABILITIES = "MSHIP_NODE_CAPABILITIES"  # JSON list of loaders this node runs (overrides probes)
 
 # Passed from `mship start` to every replica of the job. (Not the token: every node's Ray processes
 # inherit it from the node's own environment, so it never sits in the job's runtime_env.)
-PLATFORM_ENV = (ENV_CACHE_DIR, ENV_REDIS_PASSWORD, ENV_TRUST_IDENTITY_HEADER, ENV_COMPACTION_KEY)
+PLATFORM_ENV = (ENV_CACHE_DIR, ENV_REDIS_PASSWORD, ENV_TRUST_IDENTITY_HEADER, ENV_COMPACTION_KEY,
+                ENV_TRUSTED_IDENTITY_HEADER, ENV_API_KEYS, ENV_API_KEYS_FILE, ENV_RATE_LIMITS_FILE,
+                ENV_MAX_REQUEST_BODY_BYTES, ENV_CORS_ORIGINS, ENV_AUDIT_LOG, ENV_AUDIT_CONTENT)

@@ -69,8 +69,7 @@ class Deployer:
         """Take over models that already run (after a coordinator restart) and route them."""
         for name, model in models.items():
             self._executor.running[name] = model
-            await self.registry.set_active(name, ActiveModel(model.version, model.spec.usecase,
-                                                             model.spec.max_model_len))
+            await self.registry.set_active(name, ActiveModel.of(model.spec, model.version))
 
     # ---- running one deploy ------------------------------------------------------------------
     async def _run(self, record: DeployRecord, request: pb.DeployRequest) -> None:

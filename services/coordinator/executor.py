@@ -61,6 +61,12 @@ class Executor:
         for name in plan.unchanged:
             current = self.running[name]
             record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_UNCHANGED))
+        for name, spec in plan.relimit.items():
+            current = self.running[name]
+            self.running[name] = RunningModel(spec, current.version, current.app, current.load_time_s)
+            await self.registry.set_active(name, ActiveModel.of(spec, current.version))
+            record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_UNCHANGED,
+                                             reason="rate limits updated (no reload)"))
         for name in plan.remove:  # first: the room it frees is there for the new models
             await self._remove(record, name)
         for name, spec in plan.rescale.items():
@@ -120,7 +126,7 @@ class Executor:
         and Ray starts its replica when a node that can run it joins; the deploy does not wait."""
         self.running[spec.name] = RunningModel(spec, version, app, 0.0)
         self._pending_apps.discard(app)
-        await self.registry.set_active(spec.name, ActiveModel(version, spec.usecase, spec.max_model_len))
+        await self.registry.set_active(spec.name, ActiveModel.of(spec, version))
         record.emit(model=self._progress(spec.name, version, Phase.MODEL_PHASE_PENDING, reason=why))
 
     async def _rescale(self, record: DeployRecord, name: str, spec: common_pb2.ModelSpec) -> bool:
@@ -139,6 +145,7 @@ class Executor:
             record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_FAILED,
                                              reason="the replica count was not reached in time"))
             return False
+        await self.registry.set_active(name, ActiveModel.of(spec, current.version))  # its rate limits, if changed
         record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_RESCALED))
         return True
 
@@ -156,7 +163,7 @@ class Executor:
         self.running[spec.name] = RunningModel(spec, version, app, time.monotonic() - t0)
         self._pending_apps.discard(app)
         # One routing version switches the model to its new replicas...
-        await self.registry.set_active(spec.name, ActiveModel(version, spec.usecase, spec.max_model_len))
+        await self.registry.set_active(spec.name, ActiveModel.of(spec, version))
         record.emit(model=self._progress(spec.name, version, Phase.MODEL_PHASE_READY))
         if old is not None and old.app != app:  # ...then the old version drains and goes
             await self._drain(spec.name, old.version, drain_timeout_s)

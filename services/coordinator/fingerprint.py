@@ -1,7 +1,7 @@
 """Model versions: a fingerprint of the fields whose change needs a reload.
 
-Scale (num_replicas, autoscaling) is left out on purpose: changing it rescales the live
-deployment in place instead of starting a new version.
+Scale (num_replicas, autoscaling) and admission (rate_limits) are left out on purpose: changing
+them rescales or re-limits the live deployment in place instead of starting a new version.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 
 from mship.common.v1 import common_pb2
 
-SCALE_FIELDS = ("num_replicas", "autoscaling")
+SCALE_FIELDS = ("num_replicas", "autoscaling", "rate_limits")
 APP_PREFIX = "mship-model-"
 
 

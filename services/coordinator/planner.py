@@ -1,7 +1,9 @@
 """What a deploy changes: the running set and a request in, a plan out. Pure: no I/O, no Serve.
 
 Per model: same version -> unchanged (or rescaled in place when only the scale differs, or when
-Serve's live replica count drifted from the spec's); a new name or a changed version -> added
+Serve's live replica count drifted from the spec's; re-limited when only `rate_limits` differ:
+the gateways get the new limits with the next routing version, nothing reloads); a new name or a
+changed version -> added
 (a new Serve app, loaded beside the old one); reconcile mode also removes what the request omits.
 """
 
@@ -29,6 +31,7 @@ class RunningModel:
 class Plan:
     add: dict[str, tuple[common_pb2.ModelSpec, str]] = field(default_factory=dict)  # name -> (spec, version)
     rescale: dict[str, common_pb2.ModelSpec] = field(default_factory=dict)
+    relimit: dict[str, common_pb2.ModelSpec] = field(default_factory=dict)  # only rate_limits changed
     remove: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
@@ -49,7 +52,9 @@ def plan_deploy(running: Mapping[str, RunningModel], request: pb.DeployRequest,
             plan.rescale[name] = spec
         elif drifted(current, serve_targets):
             # The same config again restores a fixed replica count that drifted from it in Serve.
-            plan.rescale[name] = current.spec
+            plan.rescale[name] = spec  # same scale as running; its rate limits may be new
+        elif current.spec.rate_limits != spec.rate_limits:
+            plan.relimit[name] = spec
         else:
             plan.unchanged.append(name)
     if request.mode == pb.DEPLOY_MODE_RECONCILE:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
@@ -23,6 +23,11 @@ class ActiveModel:
     version: str
     usecase: int
     max_model_len: int = 0
+    rate_limits: common_pb2.RateLimits = field(default_factory=common_pb2.RateLimits)
+
+    @classmethod
+    def of(cls, spec: common_pb2.ModelSpec, version: str) -> ActiveModel:
+        return cls(version, spec.usecase, spec.max_model_len, spec.rate_limits)
 
 
 @dataclass
@@ -102,7 +107,7 @@ class ReplicaRegistry:
             snap.models.append(pb.ModelRoute(
                 name=name, version=active.version, usecase=active.usecase or common_pb2.USECASE_GENERATE,
                 max_model_len=active.max_model_len or replicas[0].max_model_len, replicas=replicas,
-                embedding_dimension=replicas[0].embedding_dimension))
+                embedding_dimension=replicas[0].embedding_dimension, rate_limits=active.rate_limits))
         return snap
 
     async def wait_newer(self, known: int, timeout_s: float) -> bool:

@@ -1,22 +1,39 @@
 """The OpenAI HTTP edge: one router per endpoint over its serving logic (`chat`, `completions`,
-`embeddings`, `models`, `responses`), the edge's error handlers and body limit."""
+`embeddings`, `models`, `responses`), and the edge's cross-cutting parts, each in one place:
+error handlers, CORS, authentication, the body limit, and admission (rate limits)."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from services.common.routes import RouteTable
+from services.common.vocabulary import (
+    ENV_AUDIT_CONTENT,
+    ENV_AUDIT_LOG,
+    ENV_CORS_ORIGINS,
+    ENV_MAX_REQUEST_BODY_BYTES,
+    ENV_RATE_LIMITS_FILE,
+)
+from services.gateway.admission.admission import Admission
+from services.gateway.admission.buckets import BucketStore, MemoryBuckets
+from services.gateway.admission.overrides import RateLimitOverrides
+from services.gateway.admission.redis_buckets import RedisBuckets
 from services.gateway.chat.router import chat_router
 from services.gateway.chat.serving import ChatServing
 from services.gateway.completions.router import completions_router
 from services.gateway.completions.serving import CompletionServing
+from services.gateway.edge.audit import AuditMiddleware, AuditSink
+from services.gateway.edge.auth import AuthMiddleware
 from services.gateway.edge.errors import install_handlers
 from services.gateway.edge.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from services.gateway.embeddings.router import embeddings_router
 from services.gateway.embeddings.serving import EmbeddingServing
+from services.gateway.identity import Authenticator
 from services.gateway.models.router import models_router
 from services.gateway.models.serving import ModelsServing
 from services.gateway.readiness import readiness_router
@@ -24,25 +41,65 @@ from services.gateway.responses.router import enable_responses, responses_router
 from services.gateway.responses.serving import ResponsesServing
 
 
+def _env_origins() -> list[str]:
+    return [o.strip() for o in os.environ.get(ENV_CORS_ORIGINS, "").split(",") if o.strip()]
+
+
+def _env_body_limit() -> int:
+    value = os.environ.get(ENV_MAX_REQUEST_BODY_BYTES, "")
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_BODY_BYTES
+
+
+# what a browser client may read from a response (CORS)
+EXPOSED_HEADERS = ["x-request-id", "x-mship-gateway", "retry-after", *(
+    f"x-ratelimit-{what}-{kind}" for what in ("limit", "remaining", "reset") for kind in ("requests", "tokens"))]
+
+
 @dataclass
 class GatewaySettings:
     coordinator: str = "127.0.0.1:50051"
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_body_bytes: int = field(default_factory=_env_body_limit)
     request_timeout_s: float | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))
+    cors_origins: list[str] = field(default_factory=_env_origins)
+    rate_store: str = "memory://"  # redis://...: counters shared by every gateway replica
+    audit_log: str = field(default_factory=lambda: os.environ.get(ENV_AUDIT_LOG, ""))  # a path, "-", or off
+    audit_content: bool = field(default_factory=lambda: os.environ.get(ENV_AUDIT_CONTENT) == "1")
 
 
-def create_app(table: RouteTable, settings: GatewaySettings, responses: ResponsesServing | None = None) -> FastAPI:
+def open_buckets(url: str) -> BucketStore:
+    if url.startswith("redis://"):
+        return RedisBuckets(url)
+    return MemoryBuckets()
+
+
+def create_app(table: RouteTable, settings: GatewaySettings, responses: ResponsesServing | None = None,
+               authenticator: Authenticator | None = None) -> FastAPI:
     """The edge app. `responses` (it needs the state service) may be enabled later, on the serving
-    loop, with `enable_responses(app, serving)`."""
+    loop, with `enable_responses(app, serving)` (with `app.state.admission`, the app's rate limits)."""
     app = FastAPI(title="mship", docs_url=None, redoc_url=None, openapi_url=None)
     install_handlers(app)
+    # Outermost last: CORS answers preflights (and marks 401s) -> audit -> auth -> the bounded body -> routes.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AuthMiddleware, authenticator=authenticator or Authenticator.from_env())
+    audit = AuditSink(settings.audit_log) if settings.audit_log else None
+    if audit is not None:
+        app.add_middleware(AuditMiddleware, sink=audit, content=settings.audit_content)
+    if settings.cors_origins:
+        wildcard = "*" in settings.cors_origins
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_credentials=not wildcard,
+                           allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"],
+                           expose_headers=EXPOSED_HEADERS, max_age=600)
+    admission = Admission(table, open_buckets(settings.rate_store),
+                          RateLimitOverrides(os.environ.get(ENV_RATE_LIMITS_FILE) or None),
+                          record_usage=audit is not None)
+    app.state.admission = admission
     enable_responses(app, responses)
+    timeout = settings.request_timeout_s
     app.include_router(readiness_router(table, settings.coordinator))
     app.include_router(models_router(ModelsServing(table, settings.started_at)))
-    app.include_router(chat_router(ChatServing(table, settings.request_timeout_s)))
-    app.include_router(completions_router(CompletionServing(table, settings.request_timeout_s)))
-    app.include_router(embeddings_router(EmbeddingServing(table, settings.request_timeout_s)))
+    app.include_router(chat_router(ChatServing(table, timeout, admission)))
+    app.include_router(completions_router(CompletionServing(table, timeout, admission)))
+    app.include_router(embeddings_router(EmbeddingServing(table, timeout, admission)))
     app.include_router(responses_router())
     return app

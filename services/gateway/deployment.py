@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 )
 class GatewayDeployment:
     async def __init__(self, host: str, port: int, coordinator: str, state_address: str | None = None,
-                       max_body_bytes: int | None = None) -> None:
-        settings = GatewaySettings(coordinator=coordinator)
+                       max_body_bytes: int | None = None, rate_store: str = "memory://") -> None:
+        settings = GatewaySettings(coordinator=coordinator, rate_store=rate_store)
         if max_body_bytes:
             settings.max_body_bytes = max_body_bytes
         self.table = RouteTable()
@@ -45,7 +45,8 @@ class GatewayDeployment:
             self.watcher.start()
             if state_address:
                 self.state = StateClient(state_address)
-                self.responses = ResponsesServing(self.table, self.state, replica_id, CompactionCodec())
+                self.responses = ResponsesServing(self.table, self.state, replica_id, CompactionCodec(),
+                                                  app.state.admission)
                 enable_responses(app, self.responses)
 
         async def on_stop() -> None:

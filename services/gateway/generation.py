@@ -20,13 +20,20 @@ from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.infer import InferStream, UpstreamError, call_unary, open_infer
 from services.common.routes import Endpoint, RouteTable
+from services.gateway.admission.admission import FREE, Ticket
 from services.gateway.edge.upstream import from_grpc
+from services.gateway.identity import IDENTITY_METADATA
 from services.gateway.protocol_common.openai_error import OpenAIError, model_not_found, overloaded
 
 log = logging.getLogger(__name__)
 CANCEL_TIMEOUT_S = 5.0
 # Cancel failures that say nothing is wrong: the replica is gone (its requests with it).
 _QUIET_CANCEL_FAILURES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND}
+
+
+def identity_metadata(identity: str) -> tuple[tuple[str, bytes], ...]:
+    """The caller's identity for the worker (binary metadata: an identity may be any text)."""
+    return ((IDENTITY_METADATA, identity.encode()),) if identity else ()
 
 
 _USECASE_REFUSALS = {
@@ -51,13 +58,26 @@ def check_routed(table: RouteTable, model: str, usecase: int = common_pb2.USECAS
 
 class Generation:
     """An open worker call whose first event has arrived. Iterate it for the worker's events;
-    `close()` cancels the call (the worker aborts the engine request) and is idempotent."""
+    `close()` cancels the call (the worker aborts the engine request), settles its token
+    reservation with what was used, and is idempotent."""
 
-    def __init__(self, stream: InferStream, model: str, input_param: str) -> None:
-        self.stream, self.model, self.input_param = stream, model, input_param
+    def __init__(self, stream: InferStream, model: str, input_param: str, ticket: Ticket = FREE) -> None:
+        self.stream, self.model, self.input_param, self.ticket = stream, model, input_param, ticket
+        self.used_tokens = ticket.prompt_estimate  # until the Final's usage says exactly
 
     def __aiter__(self) -> AsyncIterator[pb.InferEvent]:
-        return self.stream.__aiter__()
+        if not self.ticket.counts_tokens:
+            return self.stream.__aiter__()  # no token limit: the worker's events as they come
+        return self._counted()
+
+    async def _counted(self) -> AsyncIterator[pb.InferEvent]:
+        async for event in self.stream:
+            if event.HasField("final"):
+                usage = event.final.usage
+                self.used_tokens = usage.prompt_tokens + usage.completion_tokens
+            else:
+                self.used_tokens += event.delta.token_count
+            yield event
 
     def failure(self, e: UpstreamError) -> OpenAIError:
         """The OpenAI error for a call that broke after its first event."""
@@ -65,17 +85,22 @@ class Generation:
 
     def close(self) -> None:
         self.stream.close()
+        self.ticket.settle(self.used_tokens)
 
 
 async def open_generation(table: RouteTable, model: str, infer: pb.InferRequest, *, input_param: str,
-                          timeout_s: float | None = None) -> Generation:
+                          timeout_s: float | None = None, ticket: Ticket = FREE, identity: str = "") -> Generation:
     """Start the worker call and wait for its first event. `input_param` names the endpoint's
-    prompt field (`messages`, `prompt`, `input`) in a context-too-long error. Raises OpenAIError."""
+    prompt field (`messages`, `prompt`, `input`) in a context-too-long error; `ticket` is the
+    request's admission (a call that does not start gives its reservation back). Raises OpenAIError."""
     try:
-        stream = await open_infer(table, model, infer, timeout_s)
-    except UpstreamError as e:
-        raise from_grpc(e.details, model, input_param=input_param) from e
-    return Generation(stream, model, input_param)
+        stream = await open_infer(table, model, infer, timeout_s, identity_metadata(identity))
+    except BaseException as e:
+        ticket.settle(0)
+        if isinstance(e, UpstreamError):
+            raise from_grpc(e.details, model, input_param=input_param) from e
+        raise
+    return Generation(stream, model, input_param, ticket)
 
 
 async def cancel_everywhere(table: RouteTable, model: str, request_ids: Iterable[str],
@@ -98,10 +123,16 @@ async def cancel_everywhere(table: RouteTable, model: str, request_ids: Iterable
 
 
 async def embed(table: RouteTable, model: str, request: pb.EmbedRequest, *,
-                timeout_s: float | None = None) -> pb.EmbedResponse:
+                timeout_s: float | None = None, ticket: Ticket = FREE, identity: str = "") -> pb.EmbedResponse:
     """The Embed call on the best endpoint (retried elsewhere while unanswered). Cancelling the
     caller cancels the call. Raises OpenAIError."""
+    used = 0
     try:
-        return await call_unary(table, model, lambda endpoint: endpoint.stub.Embed(request, timeout=timeout_s))
+        metadata = identity_metadata(identity)
+        reply = await call_unary(table, model, lambda e: e.stub.Embed(request, timeout=timeout_s, metadata=metadata))
+        used = reply.usage.prompt_tokens
+        return reply
     except UpstreamError as e:
         raise from_grpc(e.details, model, input_param="input") from e
+    finally:
+        ticket.settle(used)

@@ -11,10 +11,11 @@ from typing import Any, Protocol
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.infer import UpstreamError
 from services.common.routes import RouteTable
+from services.gateway.admission.admission import Admission
 from services.gateway.edge.answer import Guard, unguarded
 from services.gateway.edge.sse import SSE_DONE, sse_event
 from services.gateway.generation import Generation, check_routed, open_generation
-from services.gateway.identity import cache_salt_for
+from services.gateway.identity import Caller, cache_salt_for
 from services.gateway.protocol_common.openai_error import OpenAIError
 
 
@@ -78,24 +79,28 @@ class ChunkStream:
 class GenerationServing:
     """An endpoint served by one worker call: subclasses turn the body into its `GenerationCall`."""
 
-    def __init__(self, table: RouteTable, timeout_s: float | None = None) -> None:
+    def __init__(self, table: RouteTable, timeout_s: float | None = None, admission: Admission | None = None) -> None:
         self.table, self.timeout_s = table, timeout_s
+        self.admission = admission or Admission(table)
 
     def call(self, body: bytes) -> GenerationCall:
         raise NotImplementedError
 
-    async def create(self, body: bytes, identity: str, guard: Guard = unguarded) -> dict[str, Any] | ChunkStream:
+    async def create(self, body: bytes, caller: Caller, guard: Guard = unguarded) -> dict[str, Any] | ChunkStream:
         call = self.call(body)
         check_routed(self.table, call.model)
-        salt = cache_salt_for(identity)
+        salt = cache_salt_for(caller.identity)
         if call.stream:
             encoder = call.encoder()
-            return ChunkStream(await guard(self._open(call, call.to_infer(encoder.id, salt))), encoder)
+            opening = self._open(call, call.to_infer(encoder.id, salt), caller, len(body))
+            return ChunkStream(await guard(opening), encoder)
         assembler = call.assembler()
-        return await guard(_assemble(self._open(call, call.to_infer(assembler.id, salt)), assembler))
+        return await guard(_assemble(self._open(call, call.to_infer(assembler.id, salt), caller, len(body)), assembler))
 
-    def _open(self, call: GenerationCall, infer: pb.InferRequest) -> Awaitable[Generation]:
-        return open_generation(self.table, call.model, infer, input_param=call.input_param, timeout_s=self.timeout_s)
+    async def _open(self, call: GenerationCall, infer: pb.InferRequest, caller: Caller, size: int) -> Generation:
+        ticket = await self.admission.admit_generation(caller, call.model, size, infer)
+        return await open_generation(self.table, call.model, infer, input_param=call.input_param,
+                                     timeout_s=self.timeout_s, ticket=ticket, identity=caller.identity)
 
 
 async def _assemble(opening: Awaitable[Generation], assembler: Assembler) -> dict[str, Any]:

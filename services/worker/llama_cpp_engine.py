@@ -29,6 +29,7 @@ from services.worker.engine import (
     TokenLogprob,
     TopToken,
 )
+from services.worker.llama_inprocess import runtime_class
 from services.worker.llama_server import LlamaServer, ServerConfig, gpu_layers
 from services.worker.sampling import Sampling
 
@@ -125,7 +126,8 @@ class LlamaCppEngine(Engine):
 
         path, template = await asyncio.to_thread(resolve_gguf, model_ref)
         cfg = await asyncio.to_thread(server_config, spec, str(path), template)
-        server = await asyncio.to_thread(LlamaServer.spawn, cfg)
+        runtime = runtime_class(spec.llama_cpp.runtime)  # llama-server subprocess | in-process xllamacpp
+        server = await asyncio.to_thread(runtime.spawn, cfg)
         client = httpx.AsyncClient(base_url=server.url, timeout=httpx.Timeout(None, connect=5.0),
                                    limits=httpx.Limits(max_connections=cfg.n_parallel + 8))
         try:
@@ -134,7 +136,8 @@ class LlamaCppEngine(Engine):
             await client.aclose()
             server.stop()
             raise
-        log.info("llama-server for %s on %s: %d slots x %d tokens", spec.name, server.url, cfg.n_parallel, cfg.n_ctx)
+        log.info("llama.cpp (%s) for %s on %s: %d slots x %d tokens", runtime.__name__, spec.name, server.url,
+                 cfg.n_parallel, cfg.n_ctx)
         engine = cls(server, client, cfg)
         if cfg.embeddings:
             engine.embedding_dimension = int(await asyncio.to_thread(_gguf_field, cfg.model_path, ".embedding_length"))

@@ -141,6 +141,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     def _check_context(self, engine: Engine, prompt: Prompt, sampling: Sampling) -> None:
         n, limit = len(prompt.token_ids), engine.max_model_len
+        if n == 0:  # engines refuse it mid-call (vLLM raises); a request to fix, not a server error
+            raise invalid_parameter("prompt", "the prompt is empty: it renders to no tokens for this model")
         wanted = n + (sampling.max_tokens or 1)
         if n >= limit or wanted > limit:
             asked = f"{n} in the prompt" + (f" + {sampling.max_tokens} max_tokens" if sampling.max_tokens else "")

@@ -10,11 +10,17 @@ import grpc
 import pytest
 
 from mship.worker.v1 import worker_pb2_grpc
+from services.common.vocabulary import ENV_API_KEYS_FILE, ENV_RATE_LIMITS_FILE
 from tests.platform_process import PlatformProcess
 from tests.redis_server import RedisServer
 from tests.worker_process import WorkerProcess
 
 TINY = "tiny"
+# The session platform's API keys (MSHIP_API_KEYS_FILE): key -> identity. Every client of it sends one.
+DEFAULT_KEY = "test-key"
+SESSION_KEYS = {DEFAULT_KEY: "tests", "key-tenant-a": "tenant-a", "key-tenant-b": "tenant-b",
+                "key-loaders": "loaders", "key-fuzz": "fuzz", "key-limits": "limits", "key-tokens": "tokens",
+                "key-cache-a": "cache-a", "key-cache-b": "cache-b"}
 # Two engine slots: a third request queues, which lets a test cancel a request before its first
 # token deterministically.
 MAX_NUM_SEQS = 2
@@ -66,11 +72,17 @@ def redis_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServe
 @pytest.fixture(scope="session")
 def platform(tiny_model: str, redis_store: RedisServer,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformProcess]:
-    """`mship start` with two gateway replicas, builtin:tiny-qwen2 as `tiny`, state in Redis."""
+    """`mship start` with two gateway replicas, builtin:tiny-qwen2 as `tiny`, state in Redis, API keys
+    from a file and rate-limit overrides from another (`home/rate-limits.yaml`, re-read on change)."""
     home = Path(tmp_path_factory.mktemp("platform"))
     config = home / "models.yaml"
     config.write_text(PLATFORM_MODELS)
-    proc = PlatformProcess.start(config, home / "mship.log", gateway_replicas=2, state_store=redis_store.url)
+    keys, limits = home / "api-keys", home / "rate-limits.yaml"
+    keys.write_text("".join(f"{key}:{identity}\n" for key, identity in SESSION_KEYS.items()))
+    limits.write_text("{}\n")
+    proc = PlatformProcess.start(config, home / "mship.log", gateway_replicas=2, state_store=redis_store.url,
+                                 env={ENV_API_KEYS_FILE: str(keys), ENV_RATE_LIMITS_FILE: str(limits)})
+    proc.api_key = DEFAULT_KEY
     try:
         proc.wait_ready()
         yield proc

@@ -78,7 +78,7 @@ def test_blue_green_cutover_under_load(platform, home):
     old_app = app_of(platform, "swap")
     old_procs = processes_of(platform, old_app)
     assert len(old_procs) >= 2, "expected the replica and its engine process"
-    with LoadGenerator(platform.base_url, "swap", clients=4) as load:
+    with LoadGenerator(platform.base_url, "swap", clients=4, headers=platform.headers) as load:
         load.wait_for(8)
         code, out = deploy(platform, home, swap_models(V2), "--wait")
         load.wait_for(8)  # the new version serves the same clients
@@ -95,7 +95,7 @@ def test_rescale_in_place_and_a_cancelled_scale_up(platform, home):
     (original,) = platform.replicas("swap")
     started = psutil.Process(original.pid).create_time()
     app = app_of(platform, "swap")
-    with LoadGenerator(platform.base_url, "swap", clients=4) as load:
+    with LoadGenerator(platform.base_url, "swap", clients=4, headers=platform.headers) as load:
         load.wait_for(4)
         code, out = deploy(platform, home, swap_models(V2, replicas=2), "--wait")
         assert code == 0, out
@@ -135,7 +135,7 @@ def test_rescale_in_place_and_a_cancelled_scale_up(platform, home):
 def test_a_failing_version_rolls_back_and_the_old_one_serves(platform, home):
     committed_before = platform.committed()
     app = app_of(platform, "swap")
-    with LoadGenerator(platform.base_url, "swap", clients=4) as load:
+    with LoadGenerator(platform.base_url, "swap", clients=4, headers=platform.headers) as load:
         load.wait_for(4)
         code, out = deploy(platform, home, swap_models(V2, model="/nonexistent/mship-model"), "--wait")
         load.wait_for(4)
@@ -155,14 +155,16 @@ def test_hot_reconcile_and_one_load_at_a_time_per_node(platform, home):
     assert sorted(m.spec.name for m in platform.models().models) == ["pair", "tiny"]
     assert not [name for name in apps(platform) if "swap" in name]
     body = {"model": "swap", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    assert httpx.post(f"{platform.base_url}/v1/chat/completions", json=body, timeout=60).status_code == 404
+    assert httpx.post(f"{platform.base_url}/v1/chat/completions", json=body, timeout=60,
+                      headers=platform.headers).status_code == 404
     # Both replicas of `pair` loaded on this one node: their lease windows never overlap.
     holders = {r.replica_id for r in platform.replicas("pair")}
     assert len(holders) == 2
     windows = sorted((r for r in platform.leases() if r.holder in holders), key=lambda r: r.granted_at)
     assert [r.end for r in windows] == [cpb.LEASE_END_RELEASED] * 2
     assert windows[0].ended_at <= windows[1].granted_at
-    r = httpx.post(f"{platform.base_url}/v1/chat/completions", json={**body, "model": "pair"}, timeout=60)
+    r = httpx.post(f"{platform.base_url}/v1/chat/completions", json={**body, "model": "pair"}, timeout=60,
+                   headers=platform.headers)
     assert r.status_code == 200
 
 

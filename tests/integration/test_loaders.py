@@ -3,8 +3,9 @@
 on a platform of its own, asked through the OpenAI SDK). Checks are model-agnostic: the two
 models differ; what an engine can do must not.
 
-Tool calls are not here: SmolLM2-135M-Instruct's chat template carries no tool format (vLLM's tool
-path is in test_platform.py and test_responses.py).
+Tool calls run on builtin:tiny-qwen2 on both loaders (SmolLM2-135M-Instruct's chat template carries
+no tool format): the session platform's `tiny` on vLLM, and the same model as GGUF on llama.cpp,
+deployed additively onto the `make serve` platform (`mship deploy`, no platform of its own).
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from websockets.sync.client import connect
 
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
+from services.worker.builtin import corpus
 from tests.helpers import stream_then_drop
 from tests.openresponses import check_events, check_response, check_socket_turn
-from tests.platform_process import ROOT, PlatformProcess
+from tests.platform_process import ROOT, PlatformProcess, mship
 from tests.worker_calls import wait_load
 
 pytestmark = pytest.mark.integration
+TOOLS_ON_LLAMA = "tiny-qwen2-llama"  # the model name of builtin:tiny-qwen2 on the make_serve platform
 COLORS = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "pink", "brown")
 
 
@@ -108,7 +111,8 @@ def test_completions(served):
 async def test_client_disconnect_mid_stream_stops_the_engine(served):
     async with grpc.aio.insecure_channel(served.worker_address()) as channel:
         stub = worker_pb2_grpc.WorkerStub(channel)
-        await asyncio.to_thread(stream_then_drop, served.platform.http_port, 5, served.model)
+        await asyncio.to_thread(stream_then_drop, served.platform.http_port, 5, served.model,
+                                {"authorization": "Bearer key-loaders"})
         report, _ = await wait_load(stub, lambda r: r.running_requests == 0 and r.inflight_calls == 0, 0.2)
         frozen = report.generated_tokens_total
         await asyncio.sleep(0.3)
@@ -144,3 +148,49 @@ def test_responses_websocket_mode(served):
             check_socket_turn(events)
             assert events[-1]["type"] in ("response.completed", "response.incomplete"), events[-1]
             previous = events[-1]["response"]["id"]
+
+
+@pytest.fixture(scope="module")
+def tiny_on_make_serve(make_serve: PlatformProcess) -> str:
+    """builtin:tiny-qwen2 on llama_cpp, added to the running `make serve` platform (additive deploy:
+    its SmolLM2 stays)."""
+    out = mship("--coordinator", make_serve.coordinator, "deploy", "--model", "builtin:tiny-qwen2",
+                "--name", TOOLS_ON_LLAMA, "--loader", "llama_cpp", "--max-model-len", "1024", "--num-cpus", "1",
+                "--wait")
+    assert out.returncode == 0, out.stdout + out.stderr
+    return TOOLS_ON_LLAMA
+
+
+@pytest.fixture(params=["vllm", "llama_cpp"])
+def tool_model(request: pytest.FixtureRequest) -> Served:
+    if request.param == "vllm":
+        return Served("vllm", request.getfixturevalue("platform"), "tiny")
+    return Served("llama_cpp", request.getfixturevalue("make_serve"), request.getfixturevalue("tiny_on_make_serve"))
+
+
+def test_tool_calls_streamed_and_not(tool_model):
+    """The held-out phrasing, city and tool name (test_worker_vllm.py's case) through the SDK."""
+    client = tool_model.sdk()
+    ask = {"model": tool_model.model, "messages": [{"role": "user", "content": corpus.HELD_OUT_TOOL_PROMPT}],
+           "tools": [corpus.HELD_OUT_TOOL], "max_tokens": 96, "temperature": 0}
+    whole = client.chat.completions.create(**ask).choices[0]
+    assert whole.finish_reason == "tool_calls" and not whole.message.content
+    (call,) = whole.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert (call.function.name, json.loads(call.function.arguments)) == ("find_forecast", {"city": "Reykjavik"})
+
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    calls: dict[int, dict[str, str]] = {}
+    for chunk in chunks:
+        for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            got = calls.setdefault(d.index, {"id": d.id or "", "name": "", "arguments": ""})
+            got["name"] += (d.function.name or "") if d.function else ""
+            got["arguments"] += (d.function.arguments or "") if d.function else ""
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
+    assert list(calls) == [0] and calls[0]["id"].startswith("call_")
+    assert (calls[0]["name"], json.loads(calls[0]["arguments"])) == ("find_forecast", {"city": "Reykjavik"})
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+    hidden = client.chat.completions.create(**ask, tool_choice="none").choices[0]
+    assert not hidden.message.tool_calls and "<tool_call>" not in (hidden.message.content or "")
+    assert hidden.finish_reason == "stop"

@@ -17,7 +17,7 @@ from mship.state.v1 import state_pb2, state_pb2_grpc
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 from services.worker.builtin import corpus
-from tests.helpers import stream_then_drop
+from tests.helpers import raw_headers, stream_then_drop
 from tests.integration.conftest import PLATFORM_MODELS, TINY
 from tests.load_generator import LoadGenerator
 from tests.platform_process import PlatformProcess, mship
@@ -74,7 +74,7 @@ def test_tool_calls_through_the_edge(client):
 
 
 async def test_client_disconnect_mid_stream_aborts_engine_work(platform, worker_stub):
-    await asyncio.to_thread(stream_then_drop, platform.http_port, 5)
+    await asyncio.to_thread(stream_then_drop, platform.http_port, 5, headers=platform.headers)
     report, _ = await wait_load(worker_stub, lambda r: r.running_requests == 0 and r.inflight_calls == 0,
                                 CANCEL_DEADLINE_S)
     frozen = report.generated_tokens_total
@@ -92,7 +92,7 @@ async def test_client_disconnect_before_first_token(platform, worker_stub):
             b'"messages": [{"role": "user", "content": "Tell me a story."}]}')
     _, writer = await asyncio.open_connection("127.0.0.1", platform.http_port)
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                 + raw_headers(platform.headers) + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     await writer.drain()
     report, _ = await wait_load(worker_stub, lambda r: r.inflight_calls == 13, 20.0)
     assert report.waiting_requests >= 3  # it is queued behind the blockers: no token yet
@@ -120,7 +120,7 @@ BAD = [
 @pytest.mark.parametrize(("case", "body", "status", "param"), BAD, ids=[b[0] for b in BAD])
 def test_bad_requests_get_openai_errors(platform, case, body, status, param):
     r = httpx.post(f"{platform.base_url}/v1/chat/completions", content=body,
-                   headers={"content-type": "application/json"}, timeout=30)
+                   headers={"content-type": "application/json", **platform.headers}, timeout=30)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["message"] and error["type"]
@@ -130,7 +130,7 @@ def test_bad_requests_get_openai_errors(platform, case, body, status, param):
 
 def test_body_too_large_is_413(platform):
     r = httpx.post(f"{platform.base_url}/v1/chat/completions", content=b"x" * (33 * 2**20),
-                   headers={"content-type": "application/json"}, timeout=60)
+                   headers={"content-type": "application/json", **platform.headers}, timeout=60)
     assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
 
 
@@ -180,7 +180,7 @@ def test_cli_status_models_and_bad_config(platform, tmp_path):
 
 def test_coordinator_restart_keeps_routes(platform):
     (coordinator,) = platform.find("CoordinatorDeployment")
-    with LoadGenerator(platform.base_url, TINY, clients=2) as hammer:
+    with LoadGenerator(platform.base_url, TINY, clients=2, headers=platform.headers) as hammer:
         hammer.wait_for(5)
         coordinator.kill()
         deadline = time.monotonic() + 120
@@ -203,7 +203,8 @@ def test_reconcile_removes_and_adds_models_on_every_gateway(platform, tmp_path):
     out = mship("--coordinator", platform.coordinator, "deploy", "--config", str(added), "--wait")  # additive
     assert out.returncode == 0, out.stdout + out.stderr
     body = {"model": "tiny2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    assert httpx.post(f"{platform.base_url}/v1/chat/completions", timeout=60, json=body).status_code == 200
+    assert httpx.post(f"{platform.base_url}/v1/chat/completions", timeout=60, json=body,
+                      headers=platform.headers).status_code == 200
     original = tmp_path / "models.yaml"
     original.write_text(PLATFORM_MODELS)
     out = mship("--coordinator", platform.coordinator, "deploy", "--config", str(original), "--reconcile", "--wait")
@@ -212,11 +213,12 @@ def test_reconcile_removes_and_adds_models_on_every_gateway(platform, tmp_path):
     seen: dict[str, int] = {}
     while len(seen) < 2:  # new connections until both gateway replicas have answered
         assert time.monotonic() - t_done < 30, f"only saw gateway replicas {seen}"
-        with httpx.Client(base_url=platform.base_url) as http:
+        with httpx.Client(base_url=platform.base_url, headers=platform.headers) as http:
             r = http.post("/v1/chat/completions", json=body)
         seen[r.headers["x-mship-gateway"]] = r.status_code
     assert set(seen.values()) == {404}
-    r = httpx.post(f"{platform.base_url}/v1/chat/completions", timeout=60, json={**body, "model": "tiny"})
+    r = httpx.post(f"{platform.base_url}/v1/chat/completions", timeout=60, json={**body, "model": "tiny"},
+                   headers=platform.headers)
     assert r.status_code == 200  # the model the reconcile kept was never touched
     assert platform.find("mship-model-tiny2-") == []  # the removed model's replica is gone
 

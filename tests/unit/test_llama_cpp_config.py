@@ -80,7 +80,7 @@ def test_gguf_references(tmp_path):
     path, template = resolve_gguf("builtin:smollm2-135m-instruct")
     assert path.suffix == ".gguf" and path.is_file() and template == ""  # its template is in the file
     with pytest.raises(ValueError, match="no GGUF"):
-        resolve_gguf("builtin:tiny-qwen2")
+        resolve_gguf("builtin:all-minilm-l6-v2")
     with pytest.raises(ValueError, match=r"not a \.gguf"):
         resolve_gguf(str(tmp_path / "model.safetensors"))
     with pytest.raises(FileNotFoundError):

@@ -33,9 +33,12 @@ def test_a_valid_model_set_parses(tmp_path):
     ("    loader: onnx\n", "models[0].loader", "unknown loader 'onnx'"),
     ("    tool_parser: json\n", "models[0].tool_parser", "unknown tool_parser 'json'"),
     ("    replicas: 2\n", "models[0].replicas", "unknown key"),
+    ("    rate_limits: {requests_per_minute: -1}\n", "models[0].rate_limits.requests_per_minute", "an integer"),
+    ("    rate_limits: {rpm: 5}\n", "models[0].rate_limits.rpm", "unknown key"),
+    ("    rate_limits: 5\n", "models[0].rate_limits", "expected a mapping"),
 ])
 def test_a_bad_entry_names_the_key_and_the_fix(tmp_path, entry, key, words):
-    path = write(tmp_path, "models:\n  - name: chat\n    model: builtin:tiny-qwen2\n" + entry)
+    path = write(tmp_path, "models:\n  - name: chat\n    model: builtin:all-minilm-l6-v2\n" + entry)
     with pytest.raises(ConfigError) as e:
         load_model_set(path)
     assert e.value.key == key and words in e.value.problem and e.value.fix
@@ -45,7 +48,19 @@ def test_a_bad_entry_names_the_key_and_the_fix(tmp_path, entry, key, words):
 def test_the_cli_refuses_a_model_its_loader_cannot_run_before_calling_anyone():
     # 127.0.0.1:1 is never a coordinator: a config error must exit 2 before any call (3 = unreachable)
     out = subprocess.run([sys.executable, "-m", "clients.cli", "--coordinator", "127.0.0.1:1", "deploy",
-                          "--model", "builtin:tiny-qwen2", "--loader", "llama_cpp"],
+                          "--model", "builtin:all-minilm-l6-v2", "--loader", "llama_cpp"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert "--model.model" in out.stderr and "has no GGUF" in out.stderr and "Fix:" in out.stderr
+
+
+def test_rate_limits_and_llama_runtime(tmp_path):
+    (spec,) = load_model_set(write(tmp_path, "models:\n  - name: chat\n    model: /m/x.gguf\n    loader: llama_cpp\n"
+                                             "    llama_runtime: in_process\n"
+                                             "    rate_limits: {requests_per_minute: 60}\n"))
+    assert spec.llama_cpp.runtime == "in_process"
+    assert (spec.rate_limits.requests_per_minute, spec.rate_limits.tokens_per_minute) == (60, 0)
+    with pytest.raises(ConfigError) as e:
+        load_model_set(write(tmp_path, "models:\n  - name: chat\n    model: /m/x.gguf\n    loader: llama_cpp\n"
+                                       "    llama_runtime: thread\n"))
+    assert e.value.key == "models[0].llama_runtime" and "server, in_process" in e.value.fix

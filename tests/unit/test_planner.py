@@ -52,3 +52,16 @@ def test_serve_is_asked_for_targets_only_when_a_fixed_count_runs():
     assert not needs_serve_targets({})
     assert not needs_serve_targets(running(spec("b", autoscaled=True)))
     assert needs_serve_targets(running(spec("a"), spec("b", autoscaled=True)))
+
+
+def test_a_rate_limit_change_is_no_new_version_and_no_reload():
+    limited = spec("a")
+    limited.rate_limits.requests_per_minute = 60
+    assert version_of(limited) == version_of(spec("a"))
+    plan = plan_deploy(running(spec("a")), request(limited), {})
+    assert list(plan.relimit) == ["a"] and plan.relimit["a"].rate_limits.requests_per_minute == 60
+    assert not plan.add and not plan.rescale and not plan.unchanged
+    both = spec("a", replicas=3)
+    both.rate_limits.tokens_per_minute = 1000
+    plan = plan_deploy(running(spec("a")), request(both), {})
+    assert plan.rescale["a"].rate_limits.tokens_per_minute == 1000 and not plan.relimit

@@ -125,3 +125,14 @@ async def test_a_socket_closed_after_response_created_releases_the_worker_call(r
     async with connect(f"ws://127.0.0.1:{gateway.http.port}/v1/responses") as ws:
         await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "store": False}))
         assert json.loads(await ws.recv())["type"] == "response.created"
+
+
+async def test_an_id_longer_than_the_store_holds_is_404_not_500(responses, workers, client):
+    """Found by the edge fuzz run: the state service refuses keys over 512 bytes (INVALID_ARGUMENT)."""
+    long_id = "resp_" + "A" * 1000
+    for method, path in (("GET", f"/v1/responses/{long_id}"), ("DELETE", f"/v1/responses/{long_id}"),
+                         ("POST", f"/v1/responses/{long_id}/cancel"), ("GET", f"/v1/responses/{long_id}/input_items")):
+        r = await client.request(method, path)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "response_not_found", (method, path, r.text)
+    r = await create(client, input="hi", previous_response_id=long_id)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "previous_response_not_found"

@@ -77,10 +77,9 @@ def test_history_items_come_first_and_may_be_stored_dicts():
 
 
 def test_unencodable_text_is_400_not_500():
-    req = parse_response_request(b'{"model": "m", "input": "\\ud800"}')
     with pytest.raises(OpenAIError) as e:
-        to_messages(None, [], req.input)
-    assert e.value.status == 400
+        parse_response_request(b'{"model": "m", "input": "\\ud800"}')
+    assert (e.value.status, e.value.code) == (400, "invalid_unicode")
 
 
 # ---- conversion: the worker request --------------------------------------------------------------

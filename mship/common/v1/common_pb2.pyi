@@ -82,7 +82,7 @@ class AutoscalingConfig(_message.Message):
     def __init__(self, min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., target_ongoing_requests: _Optional[float] = ..., upscale_delay_s: _Optional[float] = ..., downscale_delay_s: _Optional[float] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
-    __slots__ = ("name", "model", "loader", "usecase", "num_cpus", "num_gpus", "num_replicas", "autoscaling", "max_model_len", "engine_args", "tool_parser", "reasoning_parser", "max_num_seqs", "llama_cpp")
+    __slots__ = ("name", "model", "loader", "usecase", "num_cpus", "num_gpus", "num_replicas", "autoscaling", "max_model_len", "engine_args", "tool_parser", "reasoning_parser", "max_num_seqs", "llama_cpp", "rate_limits")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     LOADER_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,7 @@ class ModelSpec(_message.Message):
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     LLAMA_CPP_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     loader: Loader
@@ -111,10 +112,19 @@ class ModelSpec(_message.Message):
     reasoning_parser: str
     max_num_seqs: int
     llama_cpp: LlamaCppOptions
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., loader: _Optional[_Union[Loader, str]] = ..., usecase: _Optional[_Union[Usecase, str]] = ..., num_cpus: _Optional[float] = ..., num_gpus: _Optional[float] = ..., num_replicas: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingConfig, _Mapping]] = ..., max_model_len: _Optional[int] = ..., engine_args: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tool_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., llama_cpp: _Optional[_Union[LlamaCppOptions, _Mapping]] = ...) -> None: ...
+    rate_limits: RateLimits
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., loader: _Optional[_Union[Loader, str]] = ..., usecase: _Optional[_Union[Usecase, str]] = ..., num_cpus: _Optional[float] = ..., num_gpus: _Optional[float] = ..., num_replicas: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingConfig, _Mapping]] = ..., max_model_len: _Optional[int] = ..., engine_args: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tool_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., llama_cpp: _Optional[_Union[LlamaCppOptions, _Mapping]] = ..., rate_limits: _Optional[_Union[RateLimits, _Mapping]] = ...) -> None: ...
+
+class RateLimits(_message.Message):
+    __slots__ = ("requests_per_minute", "tokens_per_minute")
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    requests_per_minute: int
+    tokens_per_minute: int
+    def __init__(self, requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ...) -> None: ...
 
 class LlamaCppOptions(_message.Message):
-    __slots__ = ("n_ctx", "n_parallel", "n_threads", "n_gpu_layers", "chat_template", "server_binary", "server_args")
+    __slots__ = ("n_ctx", "n_parallel", "n_threads", "n_gpu_layers", "chat_template", "server_binary", "server_args", "runtime")
     N_CTX_FIELD_NUMBER: _ClassVar[int]
     N_PARALLEL_FIELD_NUMBER: _ClassVar[int]
     N_THREADS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +132,7 @@ class LlamaCppOptions(_message.Message):
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     SERVER_BINARY_FIELD_NUMBER: _ClassVar[int]
     SERVER_ARGS_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
     n_ctx: int
     n_parallel: int
     n_threads: int
@@ -129,7 +140,8 @@ class LlamaCppOptions(_message.Message):
     chat_template: str
     server_binary: str
     server_args: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, n_ctx: _Optional[int] = ..., n_parallel: _Optional[int] = ..., n_threads: _Optional[int] = ..., n_gpu_layers: _Optional[int] = ..., chat_template: _Optional[str] = ..., server_binary: _Optional[str] = ..., server_args: _Optional[_Iterable[str]] = ...) -> None: ...
+    runtime: str
+    def __init__(self, n_ctx: _Optional[int] = ..., n_parallel: _Optional[int] = ..., n_threads: _Optional[int] = ..., n_gpu_layers: _Optional[int] = ..., chat_template: _Optional[str] = ..., server_binary: _Optional[str] = ..., server_args: _Optional[_Iterable[str]] = ..., runtime: _Optional[str] = ...) -> None: ...
 
 class Endpoint(_message.Message):
     __slots__ = ("host", "port")

@@ -263,20 +263,22 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
 class ModelRoute(_message.Message):
-    __slots__ = ("name", "version", "usecase", "max_model_len", "replicas", "embedding_dimension")
+    __slots__ = ("name", "version", "usecase", "max_model_len", "replicas", "embedding_dimension", "rate_limits")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     USECASE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     usecase: _common_pb2.Usecase
     max_model_len: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
     embedding_dimension: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., usecase: _Optional[_Union[_common_pb2.Usecase, str]] = ..., max_model_len: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., embedding_dimension: _Optional[int] = ...) -> None: ...
+    rate_limits: _common_pb2.RateLimits
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., usecase: _Optional[_Union[_common_pb2.Usecase, str]] = ..., max_model_len: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., embedding_dimension: _Optional[int] = ..., rate_limits: _Optional[_Union[_common_pb2.RateLimits, _Mapping]] = ...) -> None: ...
 
 class RoutingSnapshot(_message.Message):
     __slots__ = ("version", "models", "pending")

@@ -39,8 +39,13 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 _UNSUPPORTED_PARTS = {"input_audio": "Audio input", "file": "File input"}
 
 
+# Bounds OpenAI sets too; each refused as a 400 naming the parameter (the body limit bounds the sum).
+MAX_MESSAGES, MAX_TOOLS = 2048, 128
+MAX_IMAGE_URL_CHARS = 20 * 2**20  # a data: URL of a 15 MB image, base64
+
+
 class ImageURL(WireModel):
-    url: Str
+    url: Annotated[Str, Field(max_length=MAX_IMAGE_URL_CHARS)]
     detail: Literal["auto", "low", "high", "original"] | None = None
 
 
@@ -213,12 +218,12 @@ _REFUSED = {
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: Annotated[list[Message], Field(min_length=1)]
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: Bool | None = None
     top_logprobs: Int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    tools: list[FunctionTool] | None = None
+    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: Bool | None = None
     modalities: list[Literal["text", "audio"]] | None = None

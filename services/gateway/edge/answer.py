@@ -1,7 +1,7 @@
 """What every endpoint's router shares: call an HTTP-free serving method with the client's
 disconnect watched, and turn its result into the HTTP response.
 
-A serving method takes `(body, identity, guard)` and returns a JSON object or an `EventStream`;
+A serving method takes `(body, caller, guard)` and returns a JSON object or an `EventStream`;
 `guard` wraps the waits a client may walk away from (the router's disconnect watch; the WebSocket
 passes `unguarded`). A client gone before the answer gets 499 and its work is cancelled.
 """
@@ -18,7 +18,7 @@ from starlette.requests import Request
 from services.gateway.edge.disconnect import ClientDisconnected, unless_disconnected
 from services.gateway.edge.errors import CLIENT_CLOSED
 from services.gateway.edge.sse import EventStreamResponse
-from services.gateway.identity import identity_of
+from services.gateway.identity import Caller, caller_of
 
 T = TypeVar("T")
 Guard = Callable[[Awaitable[Any]], Awaitable[Any]]
@@ -31,7 +31,7 @@ class EventStream(Protocol):
     def release(self) -> None: ...
 
 
-ServingMethod = Callable[[bytes, str, Guard], Awaitable["dict[str, Any] | EventStream"]]
+ServingMethod = Callable[[bytes, Caller, Guard], Awaitable["dict[str, Any] | EventStream"]]
 
 
 async def unguarded(work: Awaitable[T]) -> T:
@@ -46,9 +46,9 @@ def answer(result: dict[str, Any] | EventStream) -> Response:
 
 
 async def watched(request: Request, method: ServingMethod) -> Response:
-    """Call `method` (body, identity, guard) with the client's disconnect watched: 499 once it is gone."""
+    """Call `method` (body, caller, guard) with the client's disconnect watched: 499 once it is gone."""
     try:
-        return answer(await method(await request.body(), identity_of(request),
+        return answer(await method(await request.body(), caller_of(request),
                                    lambda work: unless_disconnected(request, work)))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)

@@ -3,7 +3,9 @@ become a bare 500 (logged here with their traceback, never shown to the client).
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,8 +24,16 @@ log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499  # nginx's code: nobody reads it, but logs and metrics do
 
 
+class _AsciiJSON(JSONResponse):
+    """An error body echoes client input (a model name, a parameter): ASCII escapes encode any
+    string, a lone surrogate included, where UTF-8 would raise and drop the connection."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode()
+
+
 def error_response(err: OpenAIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers or None)
+    return _AsciiJSON(err.body(), status_code=err.status, headers=err.headers or None)
 
 
 def install_handlers(app: FastAPI) -> None:

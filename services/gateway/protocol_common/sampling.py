@@ -28,6 +28,7 @@ from services.gateway.protocol_common.validation import (
 )
 
 MAX_STOP = 4  # OpenAI's limit, and the worker's
+MAX_N = 128  # OpenAI's limit on choices per request
 
 Stop = tagged(by_type, {"str": Str, "list": Annotated[list[Str], Field(max_length=MAX_STOP)]},
               "a string or an array of strings")
@@ -46,7 +47,7 @@ class SamplingFields(WireModel):
     presence_penalty: Float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[Str, Float] | None = None
     max_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
-    n: Int | None = Field(None, ge=1, le=INT32_MAX)
+    n: Int | None = Field(None, ge=1, le=MAX_N)
     seed: Int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: Stop | None = None
     stream: Bool | None = None

@@ -8,6 +8,7 @@ pydantic error (ours, or FastAPI's, which has the same `errors()`) into that 400
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Annotated, Any, Protocol, TypeVar, Union
 
@@ -129,13 +130,45 @@ def by_field(field: str, known: Iterable[str]) -> Callable[[Any], str | None]:
 M = TypeVar("M", bound=BaseModel)
 
 
+# `\\ud800`-`\\udfff` written as a JSON escape: a pair decodes to one character, a lone one stays a
+# surrogate that no UTF-8 encoder (a response, a tokenizer, the state store) can write.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """A JSON body decoded; OpenAIError 400 for broken JSON and for strings that are not Unicode
+    (lone surrogates; the walk runs only when the raw text holds a surrogate escape at all)."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise invalid_json() from e
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if _SURROGATE_ESCAPE.search(data) and _holds_surrogate(value):
+        raise OpenAIError(400, "The request body holds a lone UTF-16 surrogate (\\ud800-\\udfff): every string "
+                               "must be valid Unicode.", code="invalid_unicode")
+    return value
+
+
+def _holds_surrogate(value: Any) -> bool:
+    stack = [value]  # iterative: the nesting depth is the client's choice
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def parse_body(model: type[M], body: bytes | str | dict[str, Any]) -> M:
     """Parse a raw JSON body (or an already decoded object) into `model`; OpenAIError 400 otherwise."""
     if isinstance(body, bytes | str):
-        try:
-            body = json.loads(body)
-        except (ValueError, RecursionError) as e:
-            raise invalid_json() from e
+        body = decode_json(body)
     if not isinstance(body, dict):
         raise OpenAIError(400, "The request body must be a JSON object.")
     try:

@@ -68,7 +68,8 @@ class BackgroundRuns:
             await self._append(run, encoder.in_progress())
             renewer = asyncio.get_running_loop().create_task(self._renew(run, asyncio.current_task()))
             try:
-                generation = await open_generation(self.table, run.req.model, run.infer, input_param="input")
+                generation = await open_generation(self.table, run.req.model, run.infer, input_param="input",
+                                                   ticket=run.ticket, identity=run.identity)
             except OpenAIError as e:
                 await self._finish(run, encoder.error_out(e))
                 return

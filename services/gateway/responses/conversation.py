@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
 from pydantic import BaseModel
 
 from mship.state.v1 import state_pb2 as spb
@@ -44,7 +45,14 @@ def previous_not_found(response_id: str) -> OpenAIError:
 
 
 def store_error(e: StateError) -> OpenAIError:
-    """A state failure as the HTTP error the client sees (503 for an outage, before engine work)."""
+    """A state failure as the HTTP error the client sees (503 for an outage, before engine work; a
+    key the store refuses, e.g. an id longer than any it holds, names no response: 404)."""
+    if e.details.code == grpc.StatusCode.INVALID_ARGUMENT:
+        fields = [f for f, _ in e.details.field_violations]
+        if any(f.endswith("response_id") for f in fields):
+            return OpenAIError(404, "Response not found.", param="response_id", code="response_not_found")
+        return OpenAIError(400, "The request names something the response store cannot hold.",
+                           param=fields[0].rsplit(".", 1)[-1] if fields else None)
     if isinstance(e, Unavailable):
         return OpenAIError(503, "The response store is unavailable; retry shortly.", type="server_error",
                            code="store_unavailable", headers={"Retry-After": "1"})
@@ -60,7 +68,8 @@ async def load_history(state: StateClient, identity: str, previous_id: str | Non
     except NotFound:
         raise previous_not_found(previous_id) from None
     except StateError as e:
-        raise store_error(e) from e
+        err = store_error(e)
+        raise (previous_not_found(previous_id) if err.status == 404 else err) from e
     status = json.loads(snapshot.response_json).get("status")
     if snapshot.HasField("run") and snapshot.run.status:
         status = spb.RunStatus.Name(snapshot.run.status).removeprefix("RUN_STATUS_").lower()

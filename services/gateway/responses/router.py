@@ -8,7 +8,7 @@ from fastapi import APIRouter, FastAPI, Request, WebSocket
 from fastapi.responses import Response
 
 from services.gateway.edge.answer import answer, watched
-from services.gateway.identity import identity_of
+from services.gateway.identity import caller_of
 from services.gateway.protocol_common.openai_error import SERVER_ERROR, OpenAIError
 from services.gateway.responses.serving import ResponsesServing
 from services.gateway.responses.websocket import ResponsesSocket
@@ -51,22 +51,22 @@ def responses_router() -> APIRouter:
     async def get_response(request: Request, response_id: str) -> Response:
         stream = request.query_params.get("stream") in ("true", "1")
         after = _int_param(request, "starting_after", -1) if stream else -1
-        return answer(await _serving(request).retrieve(identity_of(request), response_id, stream=stream,
+        return answer(await _serving(request).retrieve(caller_of(request).identity, response_id, stream=stream,
                                                         after=after))
 
     @router.delete("/v1/responses/{response_id}")
     async def delete_response(request: Request, response_id: str) -> Response:
-        return answer(await _serving(request).delete(identity_of(request), response_id))
+        return answer(await _serving(request).delete(caller_of(request).identity, response_id))
 
     @router.post("/v1/responses/{response_id}/cancel")
     async def cancel_response(request: Request, response_id: str) -> Response:
-        return answer(await _serving(request).cancel(identity_of(request), response_id))
+        return answer(await _serving(request).cancel(caller_of(request).identity, response_id))
 
     @router.get("/v1/responses/{response_id}/input_items")
     async def list_input_items(request: Request, response_id: str) -> Response:
         params = request.query_params
         return answer(await _serving(request).input_items(
-            identity_of(request), response_id, limit=_int_param(request, "limit", 20),
+            caller_of(request).identity, response_id, limit=_int_param(request, "limit", 20),
             order=params.get("order", "desc"), after=params.get("after", "")))
 
     @router.websocket("/v1/responses")

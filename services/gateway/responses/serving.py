@@ -14,9 +14,10 @@ from typing import Any
 
 from mship.state.v1 import state_pb2 as spb
 from services.common.routes import RouteTable
+from services.gateway.admission.admission import Admission
 from services.gateway.edge.answer import Guard, unguarded
 from services.gateway.generation import Generation, check_routed, open_generation
-from services.gateway.identity import cache_salt_for
+from services.gateway.identity import Caller, cache_salt_for
 from services.gateway.protocol_common.openai_error import OpenAIError, internal_error
 from services.gateway.responses.background import BackgroundRuns, replayed
 from services.gateway.responses.compaction import SUMMARY_MAX_TOKENS, SUMMARY_PROMPT, CompactionCodec
@@ -35,8 +36,10 @@ def not_found(response_id: str) -> OpenAIError:
 
 
 class ResponsesServing:
-    def __init__(self, table: RouteTable, state: StateClient, owner: str, codec: CompactionCodec) -> None:
+    def __init__(self, table: RouteTable, state: StateClient, owner: str, codec: CompactionCodec,
+                 admission: Admission | None = None) -> None:
         self.table, self.state, self.codec = table, state, codec
+        self.admission = admission or Admission(table)
         self._runs = BackgroundRuns(table, state, owner)
 
     async def stop(self) -> None:
@@ -44,9 +47,11 @@ class ResponsesServing:
         await self._runs.stop()
 
     # ---- a turn: everything that can be refused is refused in `prepare`, before engine work ---------
-    async def prepare(self, req: ResponseRequest, identity: str, history: list[dict[str, Any]] | None = None,
-                      ) -> Turn:
+    async def prepare(self, req: ResponseRequest, caller: Caller, size: int,
+                      history: list[dict[str, Any]] | None = None) -> Turn:
+        """`size`: the request's bytes (its prompt estimate for admission)."""
         check_routed(self.table, req.model)
+        identity = caller.identity
         if history is None:
             history = await load_history(self.state, identity, req.previous_response_id)
         check_call_ids(history, req.input_items)
@@ -54,10 +59,12 @@ class ResponsesServing:
         messages = to_messages(req.instructions, history, inputs)
         encoder = ResponseStreamEncoder.for_request(req)
         infer = infer_request(req, messages, request_id=encoder.id, cache_salt=cache_salt_for(identity))
-        return Turn(req, identity, history, [item_dict(i) for i in inputs], encoder, infer)
+        ticket = await self.admission.admit_generation(caller, req.model, size, infer)
+        return Turn(req, identity, history, [item_dict(i) for i in inputs], encoder, infer, ticket)
 
     async def open(self, turn: Turn) -> Generation:
-        return await open_generation(self.table, turn.req.model, turn.infer, input_param="input")
+        return await open_generation(self.table, turn.req.model, turn.infer, input_param="input",
+                                     ticket=turn.ticket, identity=turn.identity)
 
     def stream(self, turn: Turn, generation: Generation) -> EventBatches:
         """The turn's events, from `response.created`; the snapshot is stored before the terminal
@@ -91,9 +98,10 @@ class ResponsesServing:
             raise store_error(e) from e
 
     # ---- POST /v1/responses ---------------------------------------------------------------------
-    async def create(self, body: bytes, identity: str, guard: Guard = unguarded) -> dict[str, Any] | EventBatches:
+    async def create(self, body: bytes, caller: Caller, guard: Guard = unguarded) -> dict[str, Any] | EventBatches:
         req = parse_response_request(body)
-        turn = await self.prepare(req, identity)
+        identity = caller.identity
+        turn = await self.prepare(req, caller, len(body))
         if req.background:
             try:
                 response = await self._runs.start(turn)
@@ -201,16 +209,16 @@ class ResponsesServing:
                 "first_id": page.first_id or None, "last_id": page.last_id or None, "has_more": page.has_more}
 
     # ---- POST /v1/responses/compact -------------------------------------------------------------
-    async def compact(self, body: bytes, identity: str, guard: Guard = unguarded) -> dict[str, Any]:
+    async def compact(self, body: bytes, caller: Caller, guard: Guard = unguarded) -> dict[str, Any]:
         """Summarise the conversation with the model itself; the output starts a new, shorter chain."""
         req = parse_compact_request(body)
-        history = await load_history(self.state, identity, req.previous_response_id)
+        history = await load_history(self.state, caller.identity, req.previous_response_id)
         check_call_ids(history, req.input_items)
         conversation = [*history, *[item_dict(i) for i in self.codec.expand(req.input_items)]]
         summary_req = parse_response_request({"model": req.model, "store": False, "input": SUMMARY_PROMPT,
                                               "max_output_tokens": SUMMARY_MAX_TOKENS,
                                               "instructions": req.instructions})
-        turn = await self.prepare(summary_req, identity, history=conversation)
+        turn = await self.prepare(summary_req, caller, len(body), history=conversation)
         generation = await guard(self.open(turn))
         summary = await guard(self._whole(turn, generation))
         return self.codec.compacted(conversation, summary)

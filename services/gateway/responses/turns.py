@@ -11,6 +11,7 @@ from typing import Any
 from mship.state.v1 import state_pb2 as spb
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.infer import UpstreamError
+from services.gateway.admission.admission import FREE, Ticket
 from services.gateway.edge.sse import sse_response_stream
 from services.gateway.generation import Generation
 from services.gateway.responses.conversation import snapshot_of
@@ -32,6 +33,7 @@ class Turn:
     inputs: list[dict[str, Any]]
     encoder: ResponseStreamEncoder
     infer: pb.InferRequest
+    ticket: Ticket = FREE  # its admission (the token reservation its generation settles)
 
     def snapshot(self, response: dict[str, Any]) -> spb.StoredResponse:
         return snapshot_of(self.identity, response, self.history, self.inputs, self.req.previous_response_id)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from services.gateway.identity import identity_of
+from services.gateway.identity import caller_of
 from services.gateway.protocol_common.openai_error import OpenAIError
+from services.gateway.protocol_common.validation import decode_json
 from services.gateway.responses.protocol import ResponseRequest, parse_response_request
 from services.gateway.responses.serving import ResponsesServing
 
@@ -32,7 +32,7 @@ def _error(err: OpenAIError) -> dict[str, Any]:
 class ResponsesSocket:
     def __init__(self, serving: ResponsesServing, ws: WebSocket) -> None:
         self.serving, self.ws = serving, ws
-        self.identity = identity_of(ws)
+        self.caller = caller_of(ws)
         self.latest: tuple[str, list[dict[str, Any]]] | None = None  # (response id, its conversation)
 
     async def serve(self) -> None:
@@ -65,10 +65,7 @@ class ResponsesSocket:
             await self.ws.send_json(_error(e))
 
     def _parse(self, message: str) -> ResponseRequest:
-        try:
-            body = json.loads(message)
-        except ValueError:
-            raise OpenAIError(400, "Messages must be JSON objects.") from None
+        body = decode_json(message)
         if not isinstance(body, dict) or body.get("type") != "response.create":
             raise OpenAIError(400, "Expected a 'response.create' message.", param="type")
         for name in TRANSPORT_FIELDS:
@@ -88,7 +85,8 @@ class ResponsesSocket:
     async def turn(self, message: str) -> None:
         req = self._parse(message)
         try:
-            turn = await self.serving.prepare(req, self.identity, history=self._history(req.previous_response_id))
+            turn = await self.serving.prepare(req, self.caller, len(message),
+                                             history=self._history(req.previous_response_id))
             generation = await self.serving.open(turn)
         except OpenAIError:
             self._drop(req.previous_response_id)  # refused, or the call failed before its first event

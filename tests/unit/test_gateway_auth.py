@@ -1,0 +1,204 @@
+"""The edge's tenancy parts over real sockets (the gateway harness: real app, real uvicorn, real
+worker servicers around the engine double): API keys (env and a reloaded file), the trusted
+identity header, the cache salt derived from the identity only, CORS, request-rate limits with
+OpenAI's headers, and the body bound on a chunked upload."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from services.gateway.identity import ApiKeys, Authenticator, cache_salt_for
+from tests.unit.gateway_harness import CHAT, MAX_BODY, Gateway
+
+pytest_plugins = ("tests.unit.gateway_fixtures",)
+pytestmark = pytest.mark.timeout(60)
+ORIGIN = "https://app.example"
+
+
+@pytest.fixture(scope="module")
+def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = Path(tmp_path_factory.mktemp("keys")) / "keys"
+    path.write_text("# operator's keys\nkey-b:team-b\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+async def gateway(keys_file: Path) -> AsyncIterator[Gateway]:
+    """This module's gateway: keys from the environment's spelling and from a file, a trusted header, CORS."""
+    auth = Authenticator(ApiKeys("key-a1:team-a, key-a2:team-a", str(keys_file)), trusted_header="x-user")
+    gw = Gateway(authenticator=auth, cors_origins=[ORIGIN])
+    yield gw
+    await gw.stop()
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+async def salt_of(client: httpx.AsyncClient, worker, headers: dict[str, str]) -> str | None:
+    reply = await client.post("/v1/chat/completions", json=CHAT, headers=headers)
+    assert reply.status_code == 200, reply.text
+    return worker.engine.renders[-1].cache_salt
+
+
+async def test_a_missing_or_wrong_key_is_401_and_probes_stay_open(workers, client):
+    for headers in ({}, bearer("nope"), {"x-api-key": "nope"}, {"authorization": "Basic a2V5LWExOg=="}):
+        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models"), ("GET", "/v1/responses/x")):
+            reply = await client.request(method, path, json=CHAT if method == "POST" else None, headers=headers)
+            assert reply.status_code == 401, (headers, path)
+            error = reply.json()["error"]
+            assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
+            assert "nope" not in error["message"]  # a presented key is never echoed
+            assert reply.headers["www-authenticate"].startswith("Bearer")
+    assert not any(w.engine.renders for w in workers)  # refused before any engine work
+    for probe in ("/health", "/readyz"):
+        assert (await client.get(probe)).status_code != 401
+
+
+async def test_keys_name_identities_and_the_cache_salt_follows_the_identity_only(workers, gateway, client):
+    a, _ = workers
+    await gateway.route(a.address)
+    a1 = await salt_of(client, a, bearer("key-a1"))
+    a2 = await salt_of(client, a, {"x-api-key": "key-a2"})
+    b = await salt_of(client, a, bearer("key-b"))
+    assert a1 == a2 == cache_salt_for("team-a") and b == cache_salt_for("team-b") and a1 != b
+    # a client-chosen salt (a field the OpenAI API does not have) changes nothing
+    reply = await client.post("/v1/chat/completions", json={**CHAT, "cache_salt": "mine"}, headers=bearer("key-b"))
+    assert reply.status_code in (200, 400) and a.engine.renders[-1].cache_salt == b
+    # the trusted header names the identity a proxy authenticated (configured on this gateway)
+    assert await salt_of(client, a, {"x-user": "alice"}) == cache_salt_for("alice")
+
+
+async def test_the_trusted_header_is_ignored_unless_configured(workers, client):
+    open_gateway = Gateway()  # neither keys nor a header: everyone is the one anonymous identity
+    try:
+        await open_gateway.route(workers[0].address)
+        async with httpx.AsyncClient(base_url=open_gateway.url, timeout=10) as c:
+            for headers in ({"x-user": "alice"}, {"x-mship-identity": "team-a"}, bearer("any-string")):
+                assert await salt_of(c, workers[0], headers) is None
+    finally:
+        await open_gateway.stop()
+
+
+async def test_a_key_added_to_the_file_works_without_a_restart(workers, client, keys_file):
+    assert (await client.get("/v1/models", headers=bearer("key-c"))).status_code == 401
+    keys_file.write_text("key-b:team-b\nkey-c:team-c\n")
+
+    await until_answered(client, "key-c", 200)  # the file is looked at once a second
+    keys_file.write_text("key-c:team-c\n")  # a removed key stops working the same way
+    await until_answered(client, "key-b", 401)
+
+
+async def until_answered(client: httpx.AsyncClient, key: str, status: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (await client.get("/v1/models", headers=bearer(key))).status_code != status:
+        assert time.monotonic() < deadline, f"{key} not answered {status} within {timeout_s}s"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_websocket_without_a_key_is_refused_at_the_handshake(gateway):
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(gateway.url.replace("http", "ws") + "/v1/responses"):
+            pass
+    assert refused.value.response.status_code == 403
+
+
+async def test_cors_preflight_and_origins(workers, client):
+    preflight = {"origin": ORIGIN, "access-control-request-method": "POST",
+                 "access-control-request-headers": "authorization, content-type, x-stainless-os"}
+    reply = await client.options("/v1/chat/completions", headers=preflight)
+    assert reply.status_code == 200  # answered before authentication: a preflight carries no key
+    assert reply.headers["access-control-allow-origin"] == ORIGIN
+    assert reply.headers["access-control-allow-credentials"] == "true"
+    assert "POST" in reply.headers["access-control-allow-methods"]
+    assert "authorization" in reply.headers["access-control-allow-headers"].lower()
+    refused = await client.options("/v1/chat/completions", headers={**preflight, "origin": "https://evil.example"})
+    assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
+    reply = await client.post("/v1/chat/completions", json=CHAT, headers={"origin": ORIGIN, **bearer("key-a1")})
+    assert reply.headers["access-control-allow-origin"] == ORIGIN
+    assert "x-ratelimit-remaining-requests" in reply.headers["access-control-expose-headers"]
+    # a 401 carries CORS headers too, so a browser client can read why
+    reply = await client.post("/v1/chat/completions", json=CHAT, headers={"origin": ORIGIN})
+    assert reply.status_code == 401 and reply.headers["access-control-allow-origin"] == ORIGIN
+
+
+async def test_no_credentials_with_a_wildcard_origin():
+    gw = Gateway(cors_origins=["*"])
+    try:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
+            reply = await c.options("/v1/models", headers={"origin": "https://x.example",
+                                                           "access-control-request-method": "GET"})
+        assert reply.headers["access-control-allow-origin"] == "*"
+        assert "access-control-allow-credentials" not in reply.headers
+    finally:
+        await gw.stop()
+
+
+async def test_a_request_rate_limit_answers_429_with_openai_headers(workers, gateway, client):
+    await gateway.route(*(w.address for w in workers), requests_per_minute=2)
+    replies = [await client.post("/v1/chat/completions", json=CHAT, headers=bearer("key-a1")) for _ in range(3)]
+    assert [r.status_code for r in replies] == [200, 200, 429]
+    assert [r.headers["x-ratelimit-remaining-requests"] for r in replies] == ["1", "0", "0"]
+    assert all(r.headers["x-ratelimit-limit-requests"] == "2" for r in replies)
+    refused = replies[2]
+    assert int(refused.headers["retry-after"]) == 30 and refused.headers["x-ratelimit-reset-requests"].endswith("s")
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded" and refused.json()["error"]["type"] == "requests"
+    # per identity, not per key: team-a's other key shares the budget; another identity has its own
+    assert (await client.post("/v1/chat/completions", json=CHAT, headers=bearer("key-a2"))).status_code == 429
+    assert (await client.post("/v1/chat/completions", json=CHAT, headers={"x-user": "bob"})).status_code == 200
+    await gateway.route(*(w.address for w in workers))  # limits off again for the other tests
+
+
+async def test_a_chunked_body_over_the_limit_is_413_while_reading(workers, client):
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(MAX_BODY // 256 + 8):
+            yield b" " * 256
+
+    reply = await client.post("/v1/chat/completions", content=chunks(), headers=bearer("key-a1"))
+    assert reply.status_code == 413 and reply.json()["error"]["code"] == "request_too_large"
+
+
+async def test_the_audit_trail_records_each_request_without_contents_unless_asked(workers, tmp_path, monkeypatch):
+    plain, full = tmp_path / "audit.jsonl", tmp_path / "audit-content.jsonl"
+    auth = Authenticator(ApiKeys("key-a1:team-a"))
+    quiet = Gateway(authenticator=auth, audit_log=str(plain))
+    monkeypatch.setenv("MSHIP_AUDIT_CONTENT", "1")
+    loud = Gateway(authenticator=auth, audit_log=str(full))
+    try:
+        for gw in (quiet, loud):
+            await gw.route(workers[0].address)
+            async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
+                key = bearer("key-a1")
+                ok = await c.post("/v1/chat/completions", json=CHAT, headers={**key, "x-request-id": "r-1"})
+                streamed = await c.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=key)
+                refused = await c.post("/v1/chat/completions", json=CHAT)
+                await c.get("/health")  # not an API request: not audited
+            assert ok.headers["x-request-id"] == "r-1" and len(streamed.headers["x-request-id"]) == 32
+            assert refused.status_code == 401
+        records = [json.loads(line) for line in plain.read_text().splitlines()]
+        assert [(r["identity"], r["model"], r["status"], r["streamed"]) for r in records] == [
+            ("team-a", "m", 200, False), ("team-a", "m", 200, True), (None, None, 401, False)]
+        assert records[0]["request_id"] == "r-1" and records[0]["tokens"] == 2 + 3  # prompt + completion
+        assert records[0]["client"] == "127.0.0.1" and records[0]["route"] == "/v1/chat/completions"
+        assert records[0]["latency_ms"] > 0 and "request" not in records[0]
+        assert "say hi" not in plain.read_text()  # no contents unless asked
+        with_content = [json.loads(line) for line in full.read_text().splitlines()]
+        assert "say hi" in with_content[0]["request"] and "Hello world!" in with_content[0]["response"]
+        assert "response" not in with_content[1]  # a stream's chunks are not collected
+    finally:
+        await quiet.stop()
+        await loud.stop()
+
+
+async def test_an_identity_the_store_could_not_key_is_refused(workers, client):
+    reply = await client.post("/v1/chat/completions", json=CHAT, headers={"x-user": "u" * 300})
+    assert reply.status_code == 401 and reply.json()["error"]["code"] == "invalid_identity"
