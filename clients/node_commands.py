@@ -91,6 +91,9 @@ def cmd_start(args: argparse.Namespace, deploy_initial) -> int:
         platform.start()
         for sig in (signal.SIGINT, signal.SIGTERM):  # ray.init installs its own handlers: ours win
             signal.signal(sig, lambda *_: stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: print(  # a reload request: nothing here needs one
+            "mship: SIGHUP: the gateways re-read the API keys and rate-limits files within a second of a "
+            "change; the platform keeps running", flush=True))
         if stop.is_set():
             return EXIT_OK
         print(f"mship platform up in {time.monotonic() - t0:.1f}s: coordinator {cfg.coordinator_address}, "

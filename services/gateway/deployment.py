@@ -8,6 +8,7 @@ import logging
 from ray import serve
 
 from services.common.routes import RouteTable, RoutingWatcher
+from services.common.sighup import ignore_sighup
 from services.gateway.app import GatewaySettings, create_app
 from services.gateway.edge.http_server import ReusePortServer
 from services.gateway.responses.compaction import CompactionCodec
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 class GatewayDeployment:
     async def __init__(self, host: str, port: int, coordinator: str, state_address: str | None = None,
                        max_body_bytes: int | None = None, rate_store: str = "memory://") -> None:
+        ignore_sighup()  # files re-read on change; a SIGHUP after editing one must not end the replica
         settings = GatewaySettings(coordinator=coordinator, rate_store=rate_store)
         if max_body_bytes:
             settings.max_body_bytes = max_body_bytes

@@ -2,7 +2,8 @@
 
 - API keys: `MSHIP_API_KEYS` (`key:identity,...`) and/or `MSHIP_API_KEYS_FILE` (one `key:identity`
   a line, `#` comments), presented as `Authorization: Bearer KEY` or `x-api-key: KEY`. The file is
-  re-read when it changes (looked at no more than once a second) or on SIGHUP, without a restart.
+  re-read within a second of a change, without a restart (a SIGHUP sent after editing it never
+  stops a gateway: services/common/sighup.py).
   Keys are held and looked up as SHA-256 digests: how long a lookup takes says nothing about how
   much of a guess matched (the timing attack a byte-wise `==` on keys allows). Keys are never logged.
 - A trusted header (`MSHIP_TRUSTED_IDENTITY_HEADER=x-user`) names the identity a proxy in front
@@ -17,11 +18,9 @@ limits, and travels to the workers in gRPC metadata (`IDENTITY_METADATA`).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -95,7 +94,6 @@ class ApiKeys:
         self._lock = threading.Lock()
         if self._path is not None:
             self._load()
-            self._watch_sighup()
 
     @property
     def configured(self) -> bool:
@@ -114,23 +112,6 @@ class ApiKeys:
             return
         self._file, self._stamp = table, stamp
         log.info("API keys file %s: %d keys", self._path, len(table))
-
-    def _watch_sighup(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # a Serve replica's constructor: the mtime check below still reloads
-        previous = signal.getsignal(signal.SIGHUP)
-
-        def on_hup(signum, frame) -> None:
-            self._stamp = None  # reload on the next request
-            self._checked = 0.0
-            if callable(previous):
-                previous(signum, frame)
-        with contextlib.suppress(ValueError):
-            signal.signal(signal.SIGHUP, on_hup)
-
-    def reload(self) -> None:
-        self._stamp, self._checked = None, 0.0
-        self.identity_of("")
 
     def identity_of(self, key: str) -> str | None:
         if self._path is not None and (now := time.monotonic()) - self._checked >= RELOAD_CHECK_S:

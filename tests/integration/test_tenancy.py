@@ -5,6 +5,7 @@ gateway replicas through Redis, the bounded body, and refusal before engine work
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -229,3 +230,44 @@ def test_regressions_from_the_fuzz_run(platform):
                    headers={"content-type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_unicode"
     assert psutil.pid_exists(platform.proc.pid)
+
+
+def test_model_set_rate_limits_are_a_live_change_without_a_reload(platform, tmp_path):
+    """`rate_limits` on a model applies to each identity; changing it is no new version, no new replica."""
+    (before,) = platform.replicas("tiny")
+    limited = tmp_path / "limited.yaml"
+    limited.write_text(PLATFORM_MODELS + "    rate_limits: {requests_per_minute: 100000}\n")
+    out = mship("--coordinator", platform.coordinator, "deploy", "--config", str(limited), "--wait")
+    assert out.returncode == 0, out.stdout + out.stderr
+    try:
+        until_every_gateway_reads(platform, "key-tenant-a", "x-ratelimit-limit-requests", "100000")
+        (after,) = platform.replicas("tiny")
+        assert (after.replica_id, after.version) == (before.replica_id, before.version)
+        (spec,) = [m for m in platform.committed() if m.name == "tiny"]
+        assert spec.rate_limits.requests_per_minute == 100000  # committed with the model set
+    finally:
+        (tmp_path / "plain.yaml").write_text(PLATFORM_MODELS)
+        out = mship("--coordinator", platform.coordinator, "deploy", "--config", str(tmp_path / "plain.yaml"),
+                    "--wait")
+        assert out.returncode == 0, out.stdout + out.stderr
+    until_sync(lambda: "x-ratelimit-limit-requests" not in chat(platform, "key-tenant-a").headers,
+               "the limit lifted", timeout_s=20, poll_s=0.1)
+
+
+def test_a_key_added_to_the_file_works_on_every_gateway_and_sighup_stops_nothing(platform):
+    keys = platform.log_path.parent / "api-keys"
+    gateways = platform.find("GatewayDeployment")
+    assert chat(platform, "key-newcomer").status_code == 401
+    keys.write_text(keys.read_text() + "key-newcomer:newcomer\n")
+    for process in [*gateways, psutil.Process(platform.proc.pid)]:  # what tools send after editing a file
+        process.send_signal(signal.SIGHUP)
+    seen: set[str] = set()
+
+    def both_accept() -> bool:
+        r = chat(platform, "key-newcomer")
+        if r.status_code == 200:
+            seen.add(r.headers["x-mship-gateway"])
+        return len(seen) == 2
+    until_sync(both_accept, "both gateway replicas accept the new key", timeout_s=30, poll_s=0.05)
+    assert all(p.is_running() for p in gateways) and platform.proc.poll() is None
+    assert [p.pid for p in platform.find("GatewayDeployment")] == [p.pid for p in gateways]
