@@ -1,8 +1,8 @@
 """The llama_cpp loader against the bare llama-server it wraps: the same GGUF, the same slots.
 
 Bare: llama-server's own streaming `/completion` over HTTP (prompt rendered by its template).
-mship: the worker's gRPC `Infer` (this repository's server, in this process) over its own
-llama-server. Rounds interleave (bare, mship / mship, bare) so drift on a busy machine hits both;
+mship: the worker's gRPC `Infer` (`python -m services.worker`, a process of its own as a replica
+is) over its own llama-server. Rounds interleave (bare, mship / mship, bare) so drift on a busy machine hits both;
 tokens/s at 1 and 4 concurrent streams, and time to first token, p50 over rounds.
 
   .venv/bin/python bench/loaders.py [--tokens 64] [--rounds 4] [--json out.json]
@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 from services.worker.gguf_models import resolve_gguf
 from services.worker.llama_server import LlamaServer
-from services.worker.server import start_worker_server
+from tests.worker_process import WorkerProcess
 
 QUESTION = "Tell me a long story about a lighthouse keeper."
 SLOTS = 4
@@ -69,8 +70,12 @@ async def run(streams: int, one) -> tuple[float, float]:
 async def main(args: argparse.Namespace) -> None:
     spec = common_pb2.ModelSpec(name="bench", model=args.model, loader=common_pb2.LOADER_LLAMA_CPP,
                                 max_model_len=2048, max_num_seqs=SLOTS, num_cpus=args.threads)
-    worker = await start_worker_server(spec, "127.0.0.1", 0)
-    await worker.host.wait_ready()
+    # The worker in a process of its own, as a replica runs: in this one its event loop and GIL would
+    # be shared with the benchmark's client and count against mship.
+    worker = WorkerProcess.start(args.model, Path(tempfile.mkdtemp(prefix="mship-bench-")) / "worker.log",
+                                 name="bench", extra=["--loader", "llama_cpp", "--max-model-len", "2048",
+                                                      "--max-num-seqs", str(SLOTS), "--num-cpus", str(args.threads)])
+    await asyncio.to_thread(worker.wait_serving)
     from services.worker.llama_cpp_engine import server_config
 
     path, template = resolve_gguf(args.model)
@@ -78,7 +83,7 @@ async def main(args: argparse.Namespace) -> None:
     results: dict[str, dict[int, list[tuple[float, float]]]] = {"bare": {1: [], 4: []}, "mship": {1: [], 4: []}}
     try:
         async with httpx.AsyncClient(base_url=bare.url, timeout=None) as client, \
-                grpc.aio.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
+                grpc.aio.insecure_channel(worker.address) as channel:
             await bare.wait_healthy(client)
             prompt = (await client.post("/apply-template", json={
                 "messages": [{"role": "user", "content": QUESTION}]})).json()["prompt"]
@@ -94,7 +99,7 @@ async def main(args: argparse.Namespace) -> None:
                         results[side][streams].append(await run(streams, sides[side]))
     finally:
         bare.stop()
-        await worker.stop(grace_s=1)
+        worker.stop()
     print(f"{args.model}, {args.tokens} tokens per stream, {args.threads} thread(s), {args.rounds} rounds (p50)")
     print(f"{'':<8}{'tok/s x1':>10}{'tok/s x4':>10}{'TTFT x1 ms':>12}{'TTFT x4 ms':>12}")
     p50: dict[str, dict[str, float]] = {}
