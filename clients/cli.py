@@ -187,7 +187,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         with channel:
             return deploy(args, stub, models)
 
-    return node_commands.cmd_start(args, deploy_initial)
+    return node_commands.cmd_start(args, deploy_initial, [m.name for m in models])
 
 
 def cmd_status(args: argparse.Namespace) -> int:

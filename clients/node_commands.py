@@ -61,7 +61,7 @@ def start_token(args: argparse.Namespace) -> str | None:
     return token
 
 
-def cmd_start(args: argparse.Namespace, deploy_initial) -> int:
+def cmd_start(args: argparse.Namespace, deploy_initial, expected: list[str]) -> int:
     from services.cluster.capabilities import CapabilityError, node_capabilities
     from services.cluster.ports import PortTaken, is_loopback
     from services.cluster.ray_node import NodeStartError
@@ -80,7 +80,7 @@ def cmd_start(args: argparse.Namespace, deploy_initial) -> int:
                          state_port=args.state_port, gcs_port=args.gcs_port, gateway_replicas=args.gateway_replicas,
                          state_store=args.state_store or os.environ.get(ENV_STATE_STORE, "memory://"),
                          ray_address=args.ray_address, advertise_address=args.advertise_address, token=token,
-                         models_on_head=not args.no_models_on_head, capabilities=caps)
+                         models_on_head=not args.no_models_on_head, capabilities=caps, expected_models=expected)
     stop = _stop_event()
     pid = pidfile(cfg.coordinator_address)
     pid.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.cluster.capabilities import node_capabilities, resources
 from services.cluster.ports import check_free, is_loopback
@@ -54,6 +54,7 @@ class PlatformConfig:
     token: str | None = None  # the cluster token: Ray token auth and the platform's gRPC; None: auth off
     models_on_head: bool = True  # False: the head advertises no engine capability
     capabilities: list[str] | None = None  # the head's engines; None: probed (MSHIP_NODE_CAPABILITIES overrides)
+    expected_models: list[str] = field(default_factory=list)  # the start set: /readyz waits for them
 
     def __post_init__(self) -> None:
         if self.advertise_address is None:
@@ -134,7 +135,7 @@ class Platform:
         serve.run(StateDeployment.options(**on_head).bind(cfg.host, cfg.state_port, cfg.state_store),
                   name=STATE_APP, route_prefix=None)
         serve.run(CoordinatorDeployment.options(**on_head).bind(
-            cfg.host, cfg.coordinator_port, cfg.state_address, cfg.coordinator_address),
+            cfg.host, cfg.coordinator_port, cfg.state_address, cfg.coordinator_address, cfg.expected_models),
             name=COORDINATOR_APP, route_prefix=None)
         serve.run(GatewayDeployment.options(num_replicas=cfg.gateway_replicas).bind(
             cfg.host, cfg.http_port, cfg.coordinator_address, cfg.state_address, rate_store=cfg.state_store),

@@ -105,6 +105,8 @@ class Deployer:
                                            drain_timeout_s=request.drain_timeout_s)
                 record.emit(f"the committed set: {', '.join(s.name for s in request.models) or 'empty'}")
             ok = await executor.apply(record, await executor.plan(request))
+            if request.mode == pb.DEPLOY_MODE_RECONCILE:
+                await self.registry.settle_expected(s.name for s in request.models)
         except asyncio.CancelledError:
             record.emit("cancelled: going back to the set that ran before this deploy")
             try:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 
+import grpc
 from grpc_health.v1 import health, health_pb2
 from ray import serve
 
@@ -32,8 +33,10 @@ RECOVERY_WAIT_S = 3 * HEARTBEAT_INTERVAL_S + 2.0  # for the running replicas to 
 @serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=4, health_check_period_s=2,
                   num_replicas=1)
 class CoordinatorDeployment:
-    async def __init__(self, host: str, port: int, state_address: str, advertise: str | None = None) -> None:
+    async def __init__(self, host: str, port: int, state_address: str, advertise: str | None = None,
+                       expected: list[str] | None = None) -> None:
         self.address = advertise or f"{host}:{port}"  # what workers dial: never a wildcard bind address
+        self.expected = list(expected or [])  # what `mship start` was asked to serve
         self.state = StateClient(state_address)
         self.serve = RayServeControl()
         self.registry = ReplicaRegistry(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
@@ -51,6 +54,11 @@ class CoordinatorDeployment:
         """Adopt what is already running (a restart), then open WatchRouting."""
         await recover(self.registry, self.deployer, self.serve, lambda: self.state.get_model_set(timeout_s=5),
                       RECOVERY_WAIT_S)
+        try:  # the committed set comes back (the start's self-heal deploy, or the platform's own models)
+            committed = [s.name for s in await self.state.get_model_set(timeout_s=5)]
+        except grpc.aio.AioRpcError:
+            committed = []
+        await self.registry.expect([*committed, *self.expected])
         self.servicer.routing_ready.set()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
 

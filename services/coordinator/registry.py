@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mship.common.v1 import common_pb2
@@ -43,6 +44,9 @@ class ReplicaRegistry:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.replicas: dict[str, Replica] = {}
         self.active: dict[str, ActiveModel] = {}  # model name -> the version that takes traffic
+        # Models asked for (the start set, the committed set at a start) not routed yet: pending from
+        # the first snapshot, so readiness is never claimed before what the operator asked for serves.
+        self.expected: set[str] = set()
         self._changed = asyncio.Condition()
 
     # ---- mutations (each bumps the version once) -------------------------------------------
@@ -78,8 +82,24 @@ class ReplicaRegistry:
             await self._bump()
         return gone
 
+    async def expect(self, names: Iterable[str]) -> None:
+        """Count `names` as pending until they are routed (or a reconcile leaves them out)."""
+        new = set(names) - self.expected - set(self.active)
+        if new:
+            self.expected |= new
+            await self._bump()
+
+    async def settle_expected(self, wanted: Iterable[str]) -> None:
+        """A reconcile deploy ended: only what it asked for is still expected."""
+        kept = self.expected & set(wanted)
+        if kept != self.expected:
+            self.expected = kept
+            await self._bump()
+
     async def set_active(self, name: str, model: ActiveModel | None) -> None:
         """Route `name` to `model`'s version (None: stop routing it)."""
+        if model is not None:
+            self.expected.discard(name)
         if model is None:
             if self.active.pop(name, None) is None:
                 return
@@ -98,16 +118,18 @@ class ReplicaRegistry:
 
     def snapshot(self) -> pb.RoutingSnapshot:
         snap = pb.RoutingSnapshot(version=self.version)
+        pending = self.expected - set(self.active)
         for name in sorted(self.active):
             active = self.active[name]
             replicas = sorted(self.live(name, active.version), key=lambda r: r.replica_id)
             if not replicas:
-                snap.pending.append(name)
+                pending.add(name)
                 continue
             snap.models.append(pb.ModelRoute(
                 name=name, version=active.version, usecase=active.usecase or common_pb2.USECASE_GENERATE,
                 max_model_len=active.max_model_len or replicas[0].max_model_len, replicas=replicas,
                 embedding_dimension=replicas[0].embedding_dimension, rate_limits=active.rate_limits))
+        snap.pending.extend(sorted(pending))
         return snap
 
     async def wait_newer(self, known: int, timeout_s: float) -> bool:

@@ -223,10 +223,29 @@ def test_reconcile_removes_and_adds_models_on_every_gateway(platform, tmp_path):
     assert platform.find("mship-model-tiny2-") == []  # the removed model's replica is gone
 
 
-def test_sigterm_stops_everything_within_30s(tmp_path):
-    """A platform of its own (no models): SIGTERM ends it and every process it started."""
-    platform = PlatformProcess.start(None, tmp_path / "mship.log", gateway_replicas=1)
+def test_readyz_waits_for_the_start_model_and_sigterm_stops_everything_within_30s(tmp_path):
+    """A platform of its own, `mship start --model ...`: from the moment its HTTP port answers,
+    /readyz is never 200 while /v1/models lacks the model (polled every 200 ms, as a probe would).
+    Then SIGTERM ends it and every process it started."""
+    platform = PlatformProcess.start(None, tmp_path / "mship.log", gateway_replicas=1, extra=(
+        "--model", "builtin:tiny-qwen2", "--name", "asked-for", "--max-model-len", "512"))
+    polls: list[tuple[int, bool]] = []
     try:
+        deadline = time.monotonic() + 600
+        while not polls or polls[-1][0] != 200:
+            assert time.monotonic() < deadline and platform.proc.poll() is None, platform.tail()
+            try:
+                ready = httpx.get(f"{platform.base_url}/readyz", timeout=2).status_code
+                listed = "asked-for" in httpx.get(f"{platform.base_url}/v1/models", timeout=2).text
+            except httpx.HTTPError:
+                if polls:
+                    raise
+                time.sleep(0.2)  # the port does not answer yet: nothing to poll
+                continue
+            polls.append((ready, listed))
+            time.sleep(0.2)  # a probe's period
+        assert len(polls) > 1 and polls[0] == (503, False)  # the port answered long before the model served
+        assert all(listed for status, listed in polls if status == 200), polls
         platform.wait_ready()
         started = platform.descendants()
         assert platform.find("CoordinatorDeployment") and platform.find("GatewayDeployment")
