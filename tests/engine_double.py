@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
+from grpc_health.v1 import health, health_pb2
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
 from services.worker.engine import ChoiceDelta, Engine, EngineStats, Prompt, RenderRequest, StepOutput
-from services.worker.host import ModelHost
+from services.worker.host import SERVICE_NAME, ModelHost
 from services.worker.server import worker_server
 from services.worker.servicer import WorkerServicer
 
@@ -101,15 +102,19 @@ class ServedWorker:
 
 
 async def serve_worker(engine: ScriptedEngine, *, name: str = "m", ready: bool = True,
-                       max_inflight: int = 8) -> ServedWorker:
-    """Start a worker gRPC server on 127.0.0.1 (a free port) serving `engine` as model `name`;
-    stop it with `await worker.server.stop(0)`."""
+                       max_inflight: int = 8, port: int = 0) -> ServedWorker:
+    """Start a worker gRPC server on 127.0.0.1 (a free port, or `port`) serving `engine` as model
+    `name`; stop it with `await worker.server.stop(0)`."""
     host = ModelHost()
     host.spec = common_pb2.ModelSpec(name=name, model="scripted")
     host.engine = engine
     host.phase = pb.LOAD_PHASE_READY if ready else pb.LOAD_PHASE_LOADING
     servicer = WorkerServicer(host, max_inflight)
-    server = worker_server(servicer)  # the real construction: interceptors, options
-    port = server.add_insecure_port("127.0.0.1:0")
+    health_servicer = health.aio.HealthServicer()  # what a real worker answers (routers probe it)
+    for service in ("", SERVICE_NAME):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING if ready
+                                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+    server = worker_server(servicer, health_servicer)  # the real construction: interceptors, options
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return ServedWorker(server, port, servicer, engine)

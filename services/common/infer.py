@@ -29,7 +29,7 @@ class UpstreamError(Exception):
 
 def _retry_elsewhere(table: RouteTable, endpoint: Endpoint, e: grpc.aio.AioRpcError) -> ErrorDetails:
     """An attempt on `endpoint` failed before anything was answered: its details when another
-    endpoint may be tried (an unreachable one is skipped until the next snapshot; a busy one stays
+    endpoint may be tried (an unreachable one counts a failure on its breaker; a busy one stays
     in rotation), else UpstreamError."""
     details = ErrorDetails.from_rpc_error(e)
     if e.code() not in RETRY_ELSEWHERE:
@@ -51,7 +51,9 @@ async def call_unary(table: RouteTable, model: str, call: Callable[[Endpoint], A
     for endpoint in table.candidates(model):
         endpoint.outstanding += 1
         try:
-            return await call(endpoint)
+            reply = await call(endpoint)
+            table.mark_ok(endpoint)
+            return reply
         except grpc.aio.UsageError:  # its channel was just closed by a new snapshot: try another
             continue
         except grpc.aio.AioRpcError as e:
@@ -66,8 +68,8 @@ class InferStream:
     until `close()`, which takes the count back exactly once and cancels the call (a no-op once it
     has ended; otherwise the engine aborts the request). Iterate it once its first event arrived."""
 
-    def __init__(self, endpoint: Endpoint, call: grpc.aio.UnaryStreamCall) -> None:
-        self.endpoint, self._call = endpoint, call
+    def __init__(self, endpoint: Endpoint, call: grpc.aio.UnaryStreamCall, table: RouteTable | None = None) -> None:
+        self.endpoint, self._call, self._table = endpoint, call, table
         self._first: pb.InferEvent | None = None
         self._closed = False
         endpoint.outstanding += 1
@@ -87,6 +89,8 @@ class InferStream:
             try:
                 event = await self._call.read()
             except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE and self._table is not None:
+                    self._table.mark_bad(self.endpoint)  # the replica went away mid-stream
                 raise UpstreamError(ErrorDetails.from_rpc_error(e)) from e
             if event is grpc.aio.EOF:
                 return
@@ -109,9 +113,10 @@ async def open_infer(table: RouteTable, model: str, request: pb.InferRequest,
             call = endpoint.stub.Infer(request, timeout=timeout_s, metadata=metadata or None)
         except grpc.aio.UsageError:  # its channel was just closed by a new snapshot: try another
             continue
-        stream = InferStream(endpoint, call)
+        stream = InferStream(endpoint, call, table)
         try:
             if await stream._read_first():
+                table.mark_ok(endpoint)
                 return stream
         except BaseException as e:
             stream.close()  # cancelled while waiting (client gone): this cancels the engine work too

@@ -2,9 +2,10 @@
 
 A watcher task keeps a WatchRouting stream open (reconnecting with jittered backoff and its last
 version, keeping the last snapshot meanwhile: a coordinator restart never blanks the routes).
-The table keeps one channel per worker endpoint and remembers endpoints that failed to connect
-until the next snapshot; which endpoint a call tries first is its `ReplicaPicker`'s choice
-(services/common/picker.py; least outstanding requests by default).
+The table keeps one channel per worker endpoint and a circuit breaker per endpoint (an endpoint
+that keeps failing leaves the rotation for a cool-down and comes back once a health probe says it
+serves: services/common/breaker.py); which endpoint a call tries first is its `ReplicaPicker`'s
+choice (services/common/picker.py; least outstanding requests by default).
 """
 
 from __future__ import annotations
@@ -17,15 +18,22 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.coordinator.v1 import coordinator_pb2_grpc
 from mship.worker.v1 import worker_pb2_grpc
+from services.common.breaker import EndpointBreaker
 from services.common.channels import aio_channel
 from services.common.picker import LeastOutstanding, ReplicaPicker
 
 log = logging.getLogger(__name__)
-CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 20_000), ("grpc.max_receive_message_length", 64 * 2**20)]
+PROBE_TIMEOUT_S = 2.0
+# A replica that comes back on its address is reconnected within ~2 s, not after gRPC's default
+# backoff of up to 120 s (the breaker's probe waits for that connection).
+CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 20_000), ("grpc.max_receive_message_length", 64 * 2**20),
+                   ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                   ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
 @dataclass
@@ -51,15 +59,17 @@ class Route:
 class RouteTable:
     """Routes from the latest snapshot, with one channel per worker endpoint (reused across snapshots)."""
 
-    def __init__(self, picker: ReplicaPicker | None = None, token: str | None = None) -> None:
+    def __init__(self, picker: ReplicaPicker | None = None, token: str | None = None,
+                 breaker: EndpointBreaker | None = None) -> None:
         self.token = token  # None: this node's platform token
         self.picker: ReplicaPicker = picker or LeastOutstanding()
+        self.breaker = breaker or EndpointBreaker()
+        self._probes: set[asyncio.Task] = set()
         self.version = 0
         self.routes: dict[str, Route] = {}
         self.pending: list[str] = []
         self.received = asyncio.Event()  # a first snapshot arrived
         self._channels: dict[str, tuple[grpc.aio.Channel, Endpoint]] = {}
-        self._bad: set[str] = set()
 
     def apply(self, snapshot: cpb.RoutingSnapshot) -> None:
         routes, live = {}, set()
@@ -81,7 +91,7 @@ class RouteTable:
             channel, _ = self._channels.pop(address)
             asyncio.get_running_loop().create_task(channel.close(grace=30))
         self.routes, self.pending, self.version = routes, list(snapshot.pending), snapshot.version
-        self._bad.clear()
+        self.breaker.keep_only(live)
         self.received.set()
 
     def candidates(self, model: str) -> list[Endpoint]:
@@ -89,13 +99,39 @@ class RouteTable:
         route = self.routes.get(model)
         if route is None:
             return []
-        return self.picker.order(route.endpoints, self._bad)
+        for address in self.breaker.due_for_probe():
+            self._probe(address)
+        return self.picker.order(route.endpoints, self.breaker.excluded())
 
     def mark_bad(self, endpoint: Endpoint) -> None:
-        """`endpoint` could not be reached: pickers skip it until the next snapshot."""
-        self._bad.add(endpoint.address)
+        """A call on `endpoint` failed (unreachable, or its stream broke): one failure for its breaker."""
+        self.breaker.failure(endpoint.address)
+
+    def mark_ok(self, endpoint: Endpoint) -> None:
+        self.breaker.success(endpoint.address)
+
+    def _probe(self, address: str) -> None:
+        """Half-open: the worker's health check decides whether the endpoint takes traffic again."""
+        held = self._channels.get(address)
+        if held is None:
+            self.breaker.success(address)  # gone from the routes: nothing to keep out
+            return
+
+        async def probe() -> None:
+            try:
+                reply = await health_pb2_grpc.HealthStub(held[0]).Check(
+                    health_pb2.HealthCheckRequest(), timeout=PROBE_TIMEOUT_S, wait_for_ready=True)
+                serving = reply.status == health_pb2.HealthCheckResponse.SERVING
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError):
+                serving = False
+            self.breaker.probed(address, serving)
+        task = asyncio.get_running_loop().create_task(probe())
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
 
     async def close(self) -> None:
+        for task in list(self._probes):
+            task.cancel()
         for channel, _ in self._channels.values():
             await channel.close()
         self._channels.clear()

@@ -55,10 +55,13 @@ ENV_AUDIT_LOG = "MSHIP_AUDIT_LOG"                # a file path, or "-" for the l
 ENV_AUDIT_CONTENT = "MSHIP_AUDIT_CONTENT"        # "1": audit records carry prompts and completions
 ENV_COMPACTION_KEY = "MSHIP_COMPACTION_KEY"      # base64 of 32 bytes, shared by every gateway replica
 ENV_RAY_AUTH_TOKEN = "MSHIP_RAY_AUTH_TOKEN"      # the cluster token: Ray's, and the platform's own gRPC
+ENV_BREAKER_FAILURES = "MSHIP_BREAKER_FAILURES"    # consecutive failures that take an endpoint out (3)
+ENV_BREAKER_COOLDOWN_S = "MSHIP_BREAKER_COOLDOWN_S"  # how long it stays out before a health probe (5)
 ENV_NODE_CAPABILITIES = "MSHIP_NODE_CAPABILITIES"  # JSON list of loaders this node runs (overrides probes)
 
 # Passed from `mship start` to every replica of the job. (Not the token: every node's Ray processes
 # inherit it from the node's own environment, so it never sits in the job's runtime_env.)
 PLATFORM_ENV = (ENV_CACHE_DIR, ENV_REDIS_PASSWORD, ENV_TRUST_IDENTITY_HEADER, ENV_COMPACTION_KEY,
                 ENV_TRUSTED_IDENTITY_HEADER, ENV_API_KEYS, ENV_API_KEYS_FILE, ENV_RATE_LIMITS_FILE,
-                ENV_MAX_REQUEST_BODY_BYTES, ENV_CORS_ORIGINS, ENV_AUDIT_LOG, ENV_AUDIT_CONTENT)
+                ENV_MAX_REQUEST_BODY_BYTES, ENV_CORS_ORIGINS, ENV_AUDIT_LOG, ENV_AUDIT_CONTENT,
+                ENV_BREAKER_FAILURES, ENV_BREAKER_COOLDOWN_S)

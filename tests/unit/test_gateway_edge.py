@@ -172,14 +172,16 @@ async def test_dead_endpoint_is_retried_on_a_live_one(workers, gateway, oai):
     dead = f"127.0.0.1:{free_port()}"
     await gateway.route(dead, live.address)
     # The live replica looks busier, so the picker tries the dead one first.
-    await gateway.on_loop(lambda: setattr(gateway.endpoint(live.address), "outstanding", 1))
-    try:
-        completion = await oai.chat.completions.create(model=MODEL, messages=CHAT["messages"])
-    finally:
-        await gateway.on_loop(lambda: setattr(gateway.endpoint(live.address), "outstanding", 0))
-    assert completion.choices[0].message.content == "Hello world!"
-    assert len(live.engine.started) == 1
-    assert [e.address for e in gateway.table.candidates(MODEL)] == [live.address]  # skipped from now on
+    threshold = gateway.table.breaker.threshold
+    for i in range(threshold):  # each tries the dead one first: a failure on its breaker each time
+        await gateway.on_loop(lambda: setattr(gateway.endpoint(live.address), "outstanding", 1))
+        try:
+            completion = await oai.chat.completions.create(model=MODEL, messages=CHAT["messages"])
+        finally:
+            await gateway.on_loop(lambda: setattr(gateway.endpoint(live.address), "outstanding", 0))
+        assert completion.choices[0].message.content == "Hello world!"
+        assert len(live.engine.started) == i + 1  # retried on the live one: the client never saw the dead one
+    assert [e.address for e in gateway.table.candidates(MODEL)] == [live.address]  # open: skipped from now on
     assert gateway.endpoint(dead).outstanding == 0
 
 

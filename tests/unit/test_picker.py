@@ -8,6 +8,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from mship.coordinator.v1 import coordinator_pb2 as cpb
+from services.common.breaker import EndpointBreaker
 from services.common.picker import E, LeastOutstanding
 from services.common.routes import RouteTable
 
@@ -65,17 +66,20 @@ def snapshot(version: int, ports: list[int]) -> cpb.RoutingSnapshot:
 
 async def test_the_route_table_asks_its_picker():
     picker = Reversed()
-    table = RouteTable(picker)
+    table = RouteTable(picker, breaker=EndpointBreaker(threshold=1, cooldown_s=600))
     try:
         table.apply(snapshot(1, [1, 2]))
         assert addresses(table.candidates("m")) == ["127.0.0.1:2", "127.0.0.1:1"]  # type: ignore[arg-type]
         table.mark_bad(table.routes["m"].endpoints[0])
         table.candidates("m")
         assert picker.asked[-1] == (["127.0.0.1:1", "127.0.0.1:2"], {"127.0.0.1:1"})
-        table.apply(snapshot(2, [1, 2]))  # a new snapshot forgets the bad marks
+        table.apply(snapshot(2, [1, 2]))  # the breaker's state outlives a snapshot that keeps the endpoint...
+        table.candidates("m")
+        assert picker.asked[-1][1] == {"127.0.0.1:1"}
+        table.apply(snapshot(3, [2]))  # ...and is dropped with an endpoint that leaves
         table.candidates("m")
         assert picker.asked[-1][1] == set()
-        assert table.candidates("other") == [] and len(picker.asked) == 3
+        assert table.candidates("other") == [] and len(picker.asked) == 4
     finally:
         await table.close()
 
