@@ -25,12 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import grpc
 import psutil
 
+from bench.loaders import mship_stream
 from bench.report import pct, write_json
 from mship.common.v1 import common_pb2
-from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 
-QUESTION = "Tell me a long story about a lighthouse keeper."
 SLOTS = 4
 RUNTIMES = ("server", "in_process")
 MIB = 2**20
@@ -84,22 +83,10 @@ class Worker:
             self.proc.wait()
 
 
-async def one_stream(stub: worker_pb2_grpc.WorkerStub, tokens: int, i: int) -> tuple[float, int]:
-    t0, first, n = time.perf_counter(), None, 0
-    request = pb.InferRequest(model="bench", cache_salt=f"bench-{i}-{time.monotonic_ns()}",  # no cache reuse
-                              chat=pb.ChatInput(messages=[pb.ChatMessage(role="user", content=QUESTION)]),
-                              sampling=pb.SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
-    async for event in stub.Infer(request):
-        if event.HasField("delta") and event.delta.text:
-            first = first or time.perf_counter()
-            n += event.delta.token_count
-    return (first or time.perf_counter()) - t0, n
-
-
 async def run(stub: worker_pb2_grpc.WorkerStub, streams: int, tokens: int) -> tuple[float, list[float]]:
     """(tokens/s over all streams, each stream's TTFT in ms)."""
     t0 = time.perf_counter()
-    results = await asyncio.gather(*[one_stream(stub, tokens, i) for i in range(streams)])
+    results = await asyncio.gather(*[mship_stream(stub, tokens, i) for i in range(streams)])
     wall = time.perf_counter() - t0
     return sum(n for _, n in results) / wall, [1000 * t for t, _ in results]
 

@@ -13,12 +13,10 @@ SmolLM2-135M; a large GGUF on a slow disk stalls it for its whole load).
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import TYPE_CHECKING, Any
 
 from services.common.vocabulary import LLAMA_RUNTIMES
-from services.worker.llama_server import START_TIMEOUT_S, LlamaServer, ServerConfig
+from services.worker.llama_server import START_TIMEOUT_S, LlamaServer, ServerConfig, wait_until_healthy
 
 if TYPE_CHECKING:
     import httpx
@@ -101,20 +99,8 @@ class InProcessServer:
 
     async def wait_healthy(self, client: httpx.AsyncClient, timeout_s: float = START_TIMEOUT_S) -> None:
         """spawn() returned with the model loaded: /health answers at once (RuntimeError if not)."""
-        import httpx
-
-        deadline = time.monotonic() + min(timeout_s, 30.0)
-        while True:
-            if not self.alive:
-                raise RuntimeError("the in-process llama.cpp server was stopped")
-            try:
-                if (await client.get("/health", timeout=2)).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"in-process llama.cpp at {self._url} not healthy")
-            await asyncio.sleep(0.1)
+        await wait_until_healthy(client, lambda: self.alive, min(timeout_s, 30.0), lambda: (
+            f"in-process llama.cpp at {self._url} " + ("was stopped" if not self.alive else "not healthy")))
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stops its loop and HTTP threads and frees the model (the C++ destructor joins them)."""

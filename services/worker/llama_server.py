@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +82,25 @@ class ServerConfig:
         return args + list(self.extra_args)
 
 
+async def wait_until_healthy(client, alive: Callable[[], bool], timeout_s: float,
+                             failure: Callable[[], str]) -> None:
+    """Poll the server's /health until it answers 200; RuntimeError(failure()) once it is not
+    `alive` or `timeout_s` passed (the one loop both runtimes use)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while alive():
+        try:
+            if (await client.get("/health", timeout=2)).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    raise RuntimeError(failure())
+
+
 class LlamaServer:
     def __init__(self, proc: subprocess.Popen, port: int, workdir: str) -> None:
         self.proc, self.port, self._workdir = proc, port, workdir
@@ -121,20 +141,9 @@ class LlamaServer:
     async def wait_healthy(self, client, timeout_s: float = START_TIMEOUT_S) -> None:
         """Until /health answers 200 (the model is loaded); RuntimeError with the server's last
         output if it exits or does not come up."""
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if not self.alive:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if (await client.get("/health", timeout=2)).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server not healthy within {timeout_s:.0f}s:\n{self.tail()}")
-            await asyncio.sleep(0.1)
+        await wait_until_healthy(client, lambda: self.alive, timeout_s, lambda: (
+            f"llama-server exited with {self.proc.returncode}" if not self.alive else
+            f"llama-server not healthy within {timeout_s:.0f}s") + f":\n{self.tail()}")
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self.alive:
