@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import grpc
 import psutil
 
-from bench.loaders import mship_stream
+from bench.loaders import llama_bench_parser, mship_stream
 from bench.report import pct, write_json
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2_grpc
@@ -144,12 +144,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json")
+    parser = llama_bench_parser(__doc__)
     parser.add_argument("--serve", choices=RUNTIMES, help=argparse.SUPPRESS)
     parsed = parser.parse_args()
     asyncio.run(serve(parsed) if parsed.serve else main(parsed))

@@ -116,11 +116,16 @@ async def main(args: argparse.Namespace) -> None:
                                                             for k, by in results.items()})
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def llama_bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options of the llama.cpp benches (this one, bench/llama_runtimes.py)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json")
-    asyncio.run(main(parser.parse_args()))
+    return parser
+
+
+if __name__ == "__main__":
+    asyncio.run(main(llama_bench_parser(__doc__).parse_args()))

@@ -58,3 +58,13 @@ def stream_then_drop(http_port: int, after_chunks: int, model: str = "tiny",
     while seen.count(b"data: ") < after_chunks:
         seen += sock.recv(65536)
     sock.close()
+
+
+class FakeClock:
+    """A monotonic clock a test moves by hand (`clock.now += 5`)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

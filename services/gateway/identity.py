@@ -21,13 +21,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import threading
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from starlette.requests import HTTPConnection
 
+from services.common.reloaded_file import ReloadedFile
 from services.common.vocabulary import (
     ENV_API_KEYS,
     ENV_API_KEYS_FILE,
@@ -40,7 +38,6 @@ log = logging.getLogger(__name__)
 ANONYMOUS = "anonymous"
 LEGACY_IDENTITY_HEADER = "x-mship-identity"  # MSHIP_TRUST_IDENTITY_HEADER=1 names this one
 IDENTITY_METADATA = "mship-identity-bin"
-RELOAD_CHECK_S = 1.0
 MAX_IDENTITY_BYTES = 256  # the state service keys responses by identity (at most 512 bytes a part)
 
 
@@ -87,39 +84,16 @@ class ApiKeys:
 
     def __init__(self, inline: str = "", path: str | None = None) -> None:
         self._inline = parse_keys(inline, ENV_API_KEYS, ",")
-        self._path = Path(path) if path else None
-        self._file: dict[bytes, str] = {}
-        self._stamp: tuple[float, int] | None = None
-        self._checked = 0.0
-        self._lock = threading.Lock()
-        if self._path is not None:
-            self._load()
+        self._file = ReloadedFile(path, lambda text: parse_keys(text, path, "\n"), {}, "API keys file") \
+            if path else None
 
     @property
     def configured(self) -> bool:
-        return bool(self._inline) or self._path is not None
-
-    def _load(self) -> None:
-        assert self._path is not None
-        try:
-            st = self._path.stat()
-            stamp = (st.st_mtime, st.st_size)
-            if stamp == self._stamp:
-                return
-            table = parse_keys(self._path.read_text(), str(self._path), "\n")
-        except (OSError, ValueError) as e:  # keep serving with the last good table
-            log.error("API keys file not (re)loaded: %s", e)
-            return
-        self._file, self._stamp = table, stamp
-        log.info("API keys file %s: %d keys", self._path, len(table))
+        return bool(self._inline) or self._file is not None
 
     def identity_of(self, key: str) -> str | None:
-        if self._path is not None and (now := time.monotonic()) - self._checked >= RELOAD_CHECK_S:
-            with self._lock:
-                self._checked = now
-                self._load()
         digest = _digest(key)
-        return self._inline.get(digest) or self._file.get(digest)
+        return self._inline.get(digest) or (self._file.value.get(digest) if self._file is not None else None)
 
 
 def invalid_api_key(missing: bool) -> OpenAIError:

@@ -10,22 +10,15 @@ import pytest
 
 from services.common.breaker import EndpointBreaker
 from tests.engine_double import ScriptedEngine, serve_worker
+from tests.helpers import FakeClock
 from tests.unit.gateway_harness import CHAT, MODEL, SCRIPT, Gateway
 
 pytest_plugins = ("tests.unit.gateway_fixtures",)
 pytestmark = pytest.mark.timeout(60)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_n_consecutive_failures_open_it_a_success_resets_the_count():
-    breaker = EndpointBreaker(threshold=3, cooldown_s=5, clock=Clock())
+    breaker = EndpointBreaker(threshold=3, cooldown_s=5, clock=FakeClock())
     breaker.failure("a")
     breaker.failure("a")
     breaker.success("a")  # not consecutive any more
@@ -37,7 +30,7 @@ def test_n_consecutive_failures_open_it_a_success_resets_the_count():
 
 
 def test_after_the_cool_down_one_probe_decides():
-    clock = Clock()
+    clock = FakeClock()
     breaker = EndpointBreaker(threshold=1, cooldown_s=5, clock=clock)
     breaker.failure("a")
     assert breaker.due_for_probe() == []  # cooling down

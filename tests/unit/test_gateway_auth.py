@@ -71,9 +71,13 @@ async def test_keys_name_identities_and_the_cache_salt_follows_the_identity_only
     a2 = await salt_of(client, a, {"x-api-key": "key-a2"})
     b = await salt_of(client, a, bearer("key-b"))
     assert a1 == a2 == cache_salt_for("team-a") and b == cache_salt_for("team-b") and a1 != b
-    # a client-chosen salt (a field the OpenAI API does not have) changes nothing
+    # a client cannot choose its salt: a `cache_salt` field is refused, and `prompt_cache_key` (OpenAI's
+    # cache hint) is accepted without touching the salt
     reply = await client.post("/v1/chat/completions", json={**CHAT, "cache_salt": "mine"}, headers=bearer("key-b"))
-    assert reply.status_code in (200, 400) and a.engine.renders[-1].cache_salt == b
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "cache_salt"
+    hinted = await client.post("/v1/chat/completions", json={**CHAT, "prompt_cache_key": "mine"},
+                               headers=bearer("key-b"))
+    assert hinted.status_code == 200 and a.engine.renders[-1].cache_salt == b
     # the trusted header names the identity a proxy authenticated (configured on this gateway)
     assert await salt_of(client, a, {"x-user": "alice"}) == cache_salt_for("alice")
 

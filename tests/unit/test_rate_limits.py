@@ -21,15 +21,8 @@ from services.gateway.admission.overrides import RateLimitOverrides, parse_overr
 from services.gateway.admission.redis_buckets import RedisBuckets
 from services.gateway.identity import Caller
 from services.gateway.protocol_common.openai_error import OpenAIError
+from tests.helpers import FakeClock
 from tests.redis_server import RedisServer
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_reset_times_are_written_as_openai_writes_them():
@@ -38,7 +31,7 @@ def test_reset_times_are_written_as_openai_writes_them():
 
 
 async def test_a_bucket_allows_a_burst_of_its_limit_then_one_per_refill():
-    clock = Clock()
+    clock = FakeClock()
     store = MemoryBuckets(clock)
     limit = 6  # one back every 10 s
     for i in range(limit):
@@ -57,7 +50,7 @@ async def test_a_bucket_allows_a_burst_of_its_limit_then_one_per_refill():
 
 
 async def test_a_take_is_all_or_nothing_across_buckets():
-    store = MemoryBuckets(Clock())
+    store = MemoryBuckets(FakeClock())
     granted, (requests, tokens) = await store.take([Bucket("r", 10, 1), Bucket("t", 100, 101)])
     assert not granted and requests.remaining == 10 and tokens.retry_after_s > 0
     granted, (requests, tokens) = await store.take([Bucket("r", 10, 1), Bucket("t", 100, 60)])
@@ -65,7 +58,7 @@ async def test_a_take_is_all_or_nothing_across_buckets():
 
 
 async def test_adjusting_gives_back_and_charges_without_passing_the_limit():
-    store = MemoryBuckets(Clock())
+    store = MemoryBuckets(FakeClock())
     await store.take([Bucket("t", 100, 80)])
     await store.adjust("t", 100, +50)  # reserved 80, used 30
     granted, (draw,) = await store.take([Bucket("t", 100, 70)])
@@ -113,11 +106,14 @@ def test_overrides_file_field_by_field_and_reloaded(tmp_path):
     assert overrides.limits("team-a", "other", (10, 1000)) == (100, 1000)
     assert overrides.limits("team-b", "tiny", (10, 1000)) == (10, 1000)
     path.write_text("team-b:\n  tiny: {requests_per_minute: 0}\n# longer now, so the stamp changes\n")
-    overrides._checked = 0.0  # the next lookup looks at the file (normally at most once a second)
+    overrides._file.check_now()  # the next lookup looks at the file (normally at most once a second)
     assert overrides.limits("team-b", "tiny", (10, 1000)) == (0, 1000)
     path.write_text("team-b: [not, a, mapping]\n")
-    overrides._checked = 0.0
+    overrides._file.check_now()
     assert overrides.limits("team-b", "tiny", (10, 1000)) == (0, 1000)  # a broken file keeps the last good table
+    path.write_text("team-b: [unclosed\n")
+    overrides._file.check_now()
+    assert overrides.limits("team-b", "tiny", (10, 1000)) == (0, 1000)  # so does one that is not YAML
     for bad in ({"a": {"m": {"rpm": 1}}}, {"a": {"m": {"requests_per_minute": -1}}}, {"a": 3}, [1]):
         with pytest.raises(ValueError):
             parse_overrides(bad, "limits.yaml")
@@ -133,7 +129,7 @@ def routed_table(rpm: int = 0, tpm: int = 0) -> RouteTable:
 
 
 async def test_admission_reserves_then_settles_with_the_real_usage():
-    clock = Clock()
+    clock = FakeClock()
     store = MemoryBuckets(clock)
     admission = Admission(routed_table(tpm=1000), store)
     caller = Caller("team-a")
@@ -167,7 +163,7 @@ async def test_admission_with_no_limit_touches_no_store():
 
 
 async def test_a_request_larger_than_the_bucket_waits_for_a_full_bucket_instead_of_never():
-    admission = Admission(routed_table(tpm=100), MemoryBuckets(Clock()))
+    admission = Admission(routed_table(tpm=100), MemoryBuckets(FakeClock()))
     ticket = await admission.admit(Caller("a"), "m", prompt_bytes=4000, max_tokens=None)
     assert ticket.reserved == 100
 

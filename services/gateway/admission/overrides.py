@@ -11,18 +11,14 @@ entry for the model, field by field; 0 is unlimited.
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-log = logging.getLogger(__name__)
+from services.common.reloaded_file import ReloadedFile
+
 FIELDS = ("requests_per_minute", "tokens_per_minute")
 ALL_MODELS = "*"
-RELOAD_CHECK_S = 1.0
 Limits = tuple[int, int]  # (requests_per_minute, tokens_per_minute)
 
 
@@ -47,34 +43,20 @@ def parse_overrides(data: Any, source: str) -> dict[str, dict[str, dict[str, int
     return out
 
 
+def _yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{source}: not YAML: {e}") from e
+
+
 class RateLimitOverrides:
     def __init__(self, path: str | None = None) -> None:
-        self._path = Path(path) if path else None
-        self._table: dict[str, dict[str, dict[str, int]]] = {}
-        self._stamp: tuple[float, int] | None = None
-        self._checked = 0.0
-        self._lock = threading.Lock()
-        if self._path is not None:
-            self._load()
-
-    def _load(self) -> None:
-        assert self._path is not None
-        try:
-            st = self._path.stat()
-            if (st.st_mtime, st.st_size) == self._stamp:
-                return
-            table = parse_overrides(yaml.safe_load(self._path.read_text()), str(self._path))
-        except (OSError, ValueError, yaml.YAMLError) as e:  # keep the last good table
-            log.error("rate limits file not (re)loaded: %s", e)
-            return
-        self._table, self._stamp = table, (st.st_mtime, st.st_size)
+        self._file = ReloadedFile(path, lambda text: parse_overrides(_yaml(text, path), path),
+                                  {}, "rate limits file") if path else None
 
     def limits(self, identity: str, model: str, base: Limits) -> Limits:
-        if self._path is not None and (now := time.monotonic()) - self._checked >= RELOAD_CHECK_S:
-            with self._lock:
-                self._checked = now
-                self._load()
-        entry = self._table.get(identity)
+        entry = self._file.value.get(identity) if self._file is not None else None
         if not entry:
             return base
         values = dict(zip(FIELDS, base, strict=True))

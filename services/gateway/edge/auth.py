@@ -8,10 +8,9 @@ response here, so no handler builds headers of its own.
 
 from __future__ import annotations
 
-import json
-
 from starlette.requests import HTTPConnection
 
+from services.gateway.edge.errors import send_error
 from services.gateway.identity import Authenticator
 from services.gateway.protocol_common.openai_error import OpenAIError
 
@@ -47,8 +46,4 @@ class AuthMiddleware:
         if scope["type"] == "websocket":  # before accept: the server answers the handshake with 403
             await send({"type": "websocket.close", "code": POLICY_VIOLATION, "reason": error.code or ""})
             return
-        body = json.dumps(error.body()).encode()
-        await send({"type": "http.response.start", "status": error.status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"www-authenticate", b'Bearer realm="mship"')]})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, error, [(b"www-authenticate", b'Bearer realm="mship"')])

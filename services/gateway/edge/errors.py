@@ -32,6 +32,14 @@ class _AsciiJSON(JSONResponse):
         return json.dumps(content, separators=(",", ":")).encode()
 
 
+async def send_error(send, err: OpenAIError, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    """The error as a whole HTTP response, from pure ASGI middleware (before any route runs)."""
+    body = json.dumps(err.body()).encode()
+    await send({"type": "http.response.start", "status": err.status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def error_response(err: OpenAIError) -> JSONResponse:
     return _AsciiJSON(err.body(), status_code=err.status, headers=err.headers or None)
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
+from services.gateway.edge.errors import send_error
 from services.gateway.protocol_common.openai_error import body_too_large
 
 DEFAULT_MAX_BODY_BYTES = 32 * 2**20
@@ -42,7 +41,4 @@ class BodyLimitMiddleware:
             await self._reject(send)
 
     async def _reject(self, send) -> None:
-        body = json.dumps(body_too_large(self.max_bytes).body()).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, body_too_large(self.max_bytes))
