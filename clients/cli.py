@@ -33,7 +33,7 @@ from services.common.channels import sync_channel
 from services.common.vocabulary import ENV_COORDINATOR, ENV_RAY_AUTH_TOKEN, LOADERS
 
 DEFAULT_COORDINATOR = "127.0.0.1:50051"
-STOP_TIMEOUT_S = 75.0
+STOP_MARGIN_S = 15.0  # `mship stop` waits the platform's --stop-timeout and this: its forced path, its exit
 STATE_NAMES = {v: k.removeprefix("DEPLOY_STATE_").lower() for k, v in pb.DeployState.items()}
 PHASE_NAMES = {v: k.removeprefix("MODEL_PHASE_").lower() for k, v in pb.ModelPhase.items()}
 
@@ -207,22 +207,29 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    """SIGTERM the running `mship start`, then wait for it, bounded: as long as its own stop may take
+    (its --stop-timeout, from the pidfile) and a margin, or --timeout. Never hangs."""
     pid = node_commands.pidfile(args.coordinator)
     try:
-        target = int(pid.read_text())
-        os.kill(target, signal.SIGTERM)
+        target, its_timeout = node_commands.read_pidfile(pid)
+        os.kill(target, signal.SIGTERM)  # a second `mship stop` is a second signal: it forces the stop
     except (OSError, ValueError):
         print(f"mship: no running `mship start` found for the coordinator at {args.coordinator}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    # Serve gives each replica up to its graceful-shutdown timeout (30 s; also a model's replica
-    # that never found a node), then the Ray node and leftovers get 10 s each.
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if not _running(target):
-            print("mship stopped")
-            return EXIT_OK
-        time.sleep(0.2)
-    print(f"mship: process {target} did not stop within {STOP_TIMEOUT_S:.0f} s", file=sys.stderr)
+    wait_s = args.timeout if args.timeout is not None else \
+        (its_timeout or node_commands.DEFAULT_STOP_TIMEOUT_S) + STOP_MARGIN_S
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < wait_s:
+            if not _running(target):
+                print(f"mship stopped ({time.monotonic() - t0:.1f}s)")
+                return EXIT_OK
+            time.sleep(0.2)  # polling another process's exit: it is not our child to wait on
+    except KeyboardInterrupt:
+        print(f"mship: stopped waiting; the platform (pid {target}) goes on stopping", file=sys.stderr)
+        return EXIT_START_FAILED
+    print(f"mship: the platform (pid {target}) is still stopping after {wait_s:g}s; `mship stop` again forces "
+          "it (what has not stopped is killed)", file=sys.stderr)
     return EXIT_START_FAILED
 
 
@@ -274,7 +281,9 @@ def parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", parents=[common], help="nodes, models, replicas, versions, what is pending")
     st.add_argument("--json", action="store_true", help="machine-readable (stable keys: docs/multi-node.md)")
     sub.add_parser("models", parents=[common], help="the served models")
-    sub.add_parser("stop", parents=[common], help="stop a running `mship start`")
+    stop = sub.add_parser("stop", parents=[common], help="stop a running `mship start`")
+    stop.add_argument("--timeout", type=float, metavar="S", help="how long to wait for it to end (default: its "
+                      f"--stop-timeout + {STOP_MARGIN_S:g}s); then exit 5, saying it is still stopping")
     return p
 
 

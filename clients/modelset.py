@@ -14,6 +14,9 @@ models:
     tool_parser: hermes           # hermes | none
     reasoning_parser: think       # think | none
     rate_limits: {requests_per_minute: 600, tokens_per_minute: 200000}  # per identity; 0 = unlimited
+    max_ongoing_requests: 64      # per replica: requests its engine works on at once (default 64)
+    max_queued_requests: 256      # per replica: requests waiting for a place (default 256; 0 = none);
+                                  # past both: 503 + Retry-After at once
     # llama_cpp only: n_ctx (per request), n_parallel (slots), n_threads, n_gpu_layers,
     # chat_template (Jinja), embeddings (= usecase: embed), llama_server_binary (an operator's
     # build), llama_server_args: [...]
@@ -44,7 +47,7 @@ AUTOSCALING_KEYS = {"min_replicas": int, "max_replicas": int, "target_ongoing_re
                     "upscale_delay_s": float, "downscale_delay_s": float}
 MODEL_KEYS = {"name", "model", "loader", "usecase", "num_cpus", "num_gpus", "num_replicas", "autoscaling_config",
               "max_model_len", "max_num_seqs", "engine_args", "tool_parser", "reasoning_parser", "rate_limits",
-              *LLAMA_CPP_KEYS}
+              "max_ongoing_requests", "max_queued_requests", *LLAMA_CPP_KEYS}
 RATE_LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute")
 
 
@@ -121,6 +124,10 @@ def parse_model(entry: Any, source: str, where: str) -> common_pb2.ModelSpec:
     if "autoscaling_config" in entry:
         spec.autoscaling.CopyFrom(_autoscaling(entry["autoscaling_config"], source, f"{where}.autoscaling_config"))
         spec.num_replicas = 0
+    if "max_ongoing_requests" in entry:
+        spec.max_ongoing_requests = _number(entry, "max_ongoing_requests", int, 0, source, where, minimum=1)
+    if "max_queued_requests" in entry:
+        spec.max_queued_requests = _number(entry, "max_queued_requests", int, 0, source, where)
     if "rate_limits" in entry:
         _rate_limits(entry["rate_limits"], spec.rate_limits, source, f"{where}.rate_limits")
     if "engine_args" in entry:

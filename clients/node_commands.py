@@ -8,6 +8,7 @@ Token rules, the same for both: the cluster token comes from MSHIP_RAY_AUTH_TOKE
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -15,11 +16,11 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from clients.modelset import ConfigError
+from services.cluster.shutdown import StopDeadline, StopRequested, StopSignals
 from services.common.vocabulary import (
     ENV_API_KEYS,
     ENV_API_KEYS_FILE,
@@ -33,6 +34,7 @@ from services.common.vocabulary import (
 EXIT_OK, EXIT_BAD_CONFIG, EXIT_UNREACHABLE, EXIT_DEPLOY_FAILED, EXIT_START_FAILED, EXIT_UNAUTHENTICATED = \
     0, 2, 3, 4, 5, 6
 JOIN_TIMEOUT_S = 50.0  # Ray refuses a wrong token after ~22 s; an unreachable head never answers
+DEFAULT_STOP_TIMEOUT_S = 60.0  # --stop-timeout: the whole stop, drains included
 NO_TOKEN = (f"set {ENV_RAY_AUTH_TOKEN} to the cluster token in the environment or in --env-file FILE "
             "(generate one with: python -c 'import secrets; print(secrets.token_hex(32))')")
 
@@ -43,11 +45,21 @@ def pidfile(coordinator: str) -> Path:
     return root / "run" / f"mship-start-{coordinator.rsplit(':', 1)[-1]}.pid"
 
 
-def _stop_event() -> threading.Event:
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
+def read_pidfile(path: Path) -> tuple[int, float | None]:
+    """(pid, its --stop-timeout) from a pidfile `mship start` wrote; ValueError/OSError if none."""
+    lines = path.read_text().split()
+    return int(lines[0]), float(lines[1]) if len(lines) > 1 else None
+
+
+def _report(deadline: StopDeadline) -> None:
+    if line := deadline.summary():
+        print(f"mship: {line}", file=sys.stderr, flush=True)
+
+
+def _positive(value: float, flag: str) -> float:
+    if value <= 0:
+        raise ConfigError("(command line)", flag, "must be above 0", "pass seconds, e.g. 60")
+    return value
 
 
 def start_token(args: argparse.Namespace) -> str | None:
@@ -68,6 +80,7 @@ def cmd_start(args: argparse.Namespace, deploy_initial, expected: list[str]) -> 
     from services.launcher import Platform, PlatformConfig
 
     token = start_token(args)
+    stop_timeout = _positive(args.stop_timeout, "--stop-timeout")
     try:
         caps = node_capabilities() if not args.no_models_on_head else []
     except CapabilityError as e:
@@ -77,47 +90,97 @@ def cmd_start(args: argparse.Namespace, deploy_initial, expected: list[str]) -> 
         print(f"mship: warning: binding {args.host} without --enable-ray-auth: anyone who reaches these ports "
               "can deploy models and read stored conversations", file=sys.stderr)
     cfg = PlatformConfig(host=args.host, http_port=args.http_port, coordinator_port=args.coordinator_port,
-                         state_port=args.state_port, gcs_port=args.gcs_port, gateway_replicas=args.gateway_replicas,
+                         state_port=args.state_port, gcs_port=args.gcs_port, **gateway_scaling(args),
                          state_store=args.state_store or os.environ.get(ENV_STATE_STORE, "memory://"),
                          ray_address=args.ray_address, advertise_address=args.advertise_address, token=token,
                          models_on_head=not args.no_models_on_head, capabilities=caps, expected_models=expected)
-    stop = _stop_event()
+    signals = StopSignals()
     pid = pidfile(cfg.coordinator_address)
     pid.parent.mkdir(parents=True, exist_ok=True)
-    pid.write_text(str(os.getpid()))
+    pid.write_text(f"{os.getpid()} {stop_timeout:g}\n")  # `mship stop` waits as long as this stop may take
     platform = Platform(cfg)
+    code = EXIT_START_FAILED
     try:
-        t0 = time.monotonic()
-        platform.start()
-        for sig in (signal.SIGINT, signal.SIGTERM):  # ray.init installs its own handlers: ours win
-            signal.signal(sig, lambda *_: stop.set())
-        signal.signal(signal.SIGHUP, lambda *_: print(  # a reload request: nothing here needs one
-            "mship: SIGHUP: the gateways re-read the API keys and rate-limits files within a second of a "
-            "change; the platform keeps running", flush=True))
-        if stop.is_set():
-            return EXIT_OK
-        print(f"mship platform up in {time.monotonic() - t0:.1f}s: coordinator {cfg.coordinator_address}, "
-              f"state {cfg.state_address}" + ("" if cfg.ray_address else
-                                              f", Ray GCS {cfg.advertise_address}:{cfg.gcs_port}") +
-              f", auth {'on' if token else 'off'}, head capabilities {caps or 'none'}", flush=True)
-        args.coordinator = cfg.coordinator_address
-        if deploy_initial(args) != EXIT_OK:
-            print("mship: the initial deploy failed; the platform keeps running", file=sys.stderr)
-        print(f"OpenAI API at http://{cfg.host}:{cfg.http_port}/v1  (Ctrl-C or `mship stop` to stop)", flush=True)
-        print(f"API access: {edge_access()}", flush=True)
-        stop.wait()
-        return EXIT_OK
+        code = _run_platform(platform, cfg, args, signals, deploy_initial, caps, token)
     except (PortTaken, NodeStartError) as e:
         print(f"mship: the platform failed to start: {e}", file=sys.stderr)
-        return EXIT_START_FAILED
     except Exception as e:
         print(f"mship: the platform failed to start: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_START_FAILED
     finally:
-        print("stopping mship ...", flush=True)
-        platform.stop()
-        if pid.exists() and pid.read_text() == str(os.getpid()):
-            pid.unlink()
+        signals.stop.set()  # from here on a signal hurries the stop
+        signals.install()  # Ray's SIGTERM handler (sys.exit) may be in place after an interrupted start
+        # ... and Ray's C++ failure-signal handler (absl), in front from ray.init until ours are back,
+        # armed a 3 s alarm on that SIGTERM that aborts the process: the stop must not end that way.
+        signal.alarm(0)
+        print(f"stopping mship (up to {stop_timeout:g}s; a second Ctrl-C or SIGTERM forces it) ...", flush=True)
+        deadline = platform.stop(stop_timeout, signals.hurry)
+        _report(deadline)
+        with contextlib.suppress(OSError, ValueError):
+            if read_pidfile(pid)[0] == os.getpid():
+                pid.unlink()
+        if deadline.exit_hard:  # a Ray call never returned, or Ray is half torn down: its exit hooks would hang
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return code
+
+
+def _run_platform(platform, cfg, args: argparse.Namespace, signals: StopSignals, deploy_initial, caps: list[str],
+                  token: str | None) -> int:
+    """Start, deploy the start set, serve until a signal; a signal while starting or deploying ends
+    that at once (a start or a model load can take minutes)."""
+    t0 = time.monotonic()
+    try:
+        with signals.interrupting():
+            platform.start()
+    except (StopRequested, SystemExit):  # SystemExit: Ray's own SIGTERM handler, which ray.init installs
+        return EXIT_OK
+    signals.install()  # ray.init installed its own handlers: ours win
+    signal.signal(signal.SIGHUP, lambda *_: print(  # a reload request: nothing here needs one
+        "mship: SIGHUP: the gateways re-read the API keys and rate-limits files within a second of a "
+        "change; the platform keeps running", flush=True))
+    if signals.stop.is_set():
+        return EXIT_OK
+    print(f"mship platform up in {time.monotonic() - t0:.1f}s: coordinator {cfg.coordinator_address}, "
+          f"state {cfg.state_address}" + ("" if cfg.ray_address else
+                                          f", Ray GCS {cfg.advertise_address}:{cfg.gcs_port}") +
+          f", auth {'on' if token else 'off'}, head capabilities {caps or 'none'}", flush=True)
+    args.coordinator = cfg.coordinator_address
+    try:
+        with signals.interrupting():
+            if deploy_initial(args) != EXIT_OK:
+                print("mship: the initial deploy failed; the platform keeps running", file=sys.stderr)
+    except StopRequested:
+        return EXIT_OK
+    print(f"OpenAI API at http://{cfg.host}:{cfg.http_port}/v1  (Ctrl-C or `mship stop` to stop)", flush=True)
+    print(f"API access: {edge_access()}", flush=True)
+    signals.stop.wait()
+    return EXIT_OK
+
+
+def gateway_scaling(args: argparse.Namespace) -> dict:
+    """PlatformConfig's gateway fields from the flags, checked."""
+    low, high, target = args.gateway_min_replicas, args.gateway_max_replicas, args.gateway_target_ongoing_requests
+    fixed = args.gateway_replicas
+    if low is None and high is None:
+        if fixed is not None and fixed < 1:
+            raise ConfigError("(command line)", "--gateway-replicas", "must be at least 1", "pass 1 or more")
+        return {"gateway_replicas": fixed or 1}
+    if fixed is not None:
+        raise ConfigError("(command line)", "--gateway-replicas", "a fixed count excludes --gateway-min-replicas / "
+                          "--gateway-max-replicas", "keep one of them")
+    low = 1 if low is None else low
+    high = max(low, 1) if high is None else high
+    if low < 1:
+        raise ConfigError("(command line)", "--gateway-min-replicas", "must be at least 1 (a gateway at zero "
+                          "replicas could not take the request that wakes it)", "pass 1 or more")
+    if high < low:
+        raise ConfigError("(command line)", "--gateway-max-replicas", f"{high} is below --gateway-min-replicas {low}",
+                          "pass a maximum at least the minimum")
+    if target <= 0:
+        raise ConfigError("(command line)", "--gateway-target-ongoing-requests", "must be above 0", "pass e.g. 64")
+    return {"gateway_replicas": low, "gateway_min_replicas": low, "gateway_max_replicas": high,
+            "gateway_target_ongoing_requests": target}
 
 
 def visible_gpus() -> int:
@@ -151,6 +214,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     from services.cluster.ports import is_loopback
     from services.cluster.ray_node import NodeConfig, NodeStartError, RayNode
 
+    stop_timeout = join_stop_timeout(args)
     if args.node_num_gpus is not None and args.node_num_gpus > (seen := visible_gpus()):
         raise ConfigError("(command line)", "--node-num-gpus", f"{args.node_num_gpus} GPUs asked, this node "
                           f"sees {seen}", f"pass at most {seen}")
@@ -166,10 +230,14 @@ def cmd_join(args: argparse.Namespace) -> int:
                      num_gpus=args.node_num_gpus, memory=parse_memory(args.node_memory) if args.node_memory else None,
                      node_name=args.node_name or f"{socket.gethostname()}-{os.getpid()}", resources=resources(caps),
                      token=token, drain_timeout_s=args.drain_timeout)
-    stop = _stop_event()
+    signals = StopSignals()
     node = RayNode(cfg, echo=args.verbose)
     try:
-        node.wait_started(JOIN_TIMEOUT_S)
+        with signals.interrupting():  # a head that never answers takes JOIN_TIMEOUT_S to give up on
+            node.wait_started(JOIN_TIMEOUT_S)
+    except StopRequested:
+        _leave(node, StopDeadline(stop_timeout, signals.hurry))
+        return EXIT_OK
     except NodeStartError as e:
         node.stop(grace_s=5)
         hint = {"auth": f"; {NO_TOKEN}" if not token else f": is {ENV_RAY_AUTH_TOKEN} the head's token?",
@@ -177,17 +245,33 @@ def cmd_join(args: argparse.Namespace) -> int:
         print(f"mship: join failed: {e}{hint}", file=sys.stderr)
         return {"auth": EXIT_UNAUTHENTICATED, "unreachable": EXIT_UNREACHABLE}.get(e.kind, EXIT_START_FAILED)
     print(f"mship: joined {args.gcs_address} as node {cfg.node_name} ({node_ip or 'Ray-chosen address'}), "
-          f"capabilities {caps or 'none'}; Ctrl-C or SIGTERM leaves (drain up to {args.drain_timeout:.0f}s)",
-          flush=True)
-    while not stop.wait(0.5):
+          f"capabilities {caps or 'none'}; Ctrl-C or SIGTERM leaves (drain up to {args.drain_timeout:.0f}s, "
+          f"all of it up to {stop_timeout:g}s)", flush=True)
+    while not signals.stop.wait(0.5):
         if not node.running():
             print(f"mship: the Ray node exited ({node.proc.returncode}); the head may be gone", file=sys.stderr)
             node.stop(grace_s=5)
             return EXIT_START_FAILED
     t0 = time.monotonic()
-    node.stop()
+    _leave(node, StopDeadline(stop_timeout, signals.hurry))
     print(f"mship: left the cluster in {time.monotonic() - t0:.1f}s", flush=True)
     return EXIT_OK
+
+
+def _leave(node, deadline: StopDeadline) -> None:
+    """The node's stop (Ray drains it) within the deadline; a second signal SIGKILLs it at once."""
+    deadline.killed_pids += node.stop(grace_s=deadline.remaining(), hurry=deadline.hurry)
+    _report(deadline)
+
+
+def join_stop_timeout(args: argparse.Namespace) -> float:
+    """--stop-timeout for a join: by default 60 s, or the drain and 30 s more when that is longer."""
+    if args.stop_timeout is None:
+        return max(DEFAULT_STOP_TIMEOUT_S, args.drain_timeout + 30)
+    if _positive(args.stop_timeout, "--stop-timeout") < args.drain_timeout:
+        raise ConfigError("(command line)", "--stop-timeout", f"{args.stop_timeout:g}s is shorter than "
+                          f"--drain-timeout {args.drain_timeout:g}s", "raise --stop-timeout or lower --drain-timeout")
+    return args.stop_timeout
 
 
 def add_start_flags(start: argparse.ArgumentParser) -> None:
@@ -197,7 +281,13 @@ def add_start_flags(start: argparse.ArgumentParser) -> None:
     start.add_argument("--state-port", type=int, default=50052)
     start.add_argument("--gcs-port", type=int, default=6380, help="the head's Ray GCS port, which joiners dial")
     start.add_argument("--state-store", help="memory:// (default) or redis://host:port/db")
-    start.add_argument("--gateway-replicas", type=int, default=1)
+    start.add_argument("--gateway-replicas", type=int, metavar="N", help="a fixed number of gateway replicas "
+                       "(default 1)")
+    start.add_argument("--gateway-min-replicas", type=int, metavar="N",
+                       help="autoscale the gateways from N replicas (default 1) ...")
+    start.add_argument("--gateway-max-replicas", type=int, metavar="N", help="... up to N, on in-flight requests")
+    start.add_argument("--gateway-target-ongoing-requests", type=float, default=64.0, metavar="N",
+                       help="in-flight HTTP requests per gateway replica the autoscaler aims at (default 64)")
     start.add_argument("--ray-address", help="attach to this Ray cluster (e.g. `auto` under KubeRay) instead of "
                        "starting a head node")
     start.add_argument("--enable-ray-auth", action="store_true",
@@ -207,6 +297,9 @@ def add_start_flags(start: argparse.ArgumentParser) -> None:
     start.add_argument("--advertise-address", metavar="ADDR",
                        help="the private address other nodes reach this one at (default: loopback when --host is, "
                        "else the node's IP as Ray sees it)")
+    start.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S, metavar="S",
+                       help="on SIGINT/SIGTERM: replicas drain, then what is left is killed (and named) so that the "
+                       f"whole stop takes at most S seconds (default {DEFAULT_STOP_TIMEOUT_S:g})")
 
 
 def add_join_flags(join: argparse.ArgumentParser) -> None:
@@ -218,6 +311,8 @@ def add_join_flags(join: argparse.ArgumentParser) -> None:
     join.add_argument("--advertise-address", metavar="ADDR", help="the address other nodes reach this one at")
     join.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                       help="on SIGTERM: how long Serve may move this node's replicas elsewhere")
+    join.add_argument("--stop-timeout", type=float, metavar="S", help="on SIGTERM: the whole leave, drain "
+                      "included, before the node's processes are killed (default 60, or --drain-timeout + 30)")
     join.add_argument("--verbose", action="store_true", help="echo Ray's own output")
 
 

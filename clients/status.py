@@ -3,7 +3,8 @@ coordinator's ClusterStatus (plus ListModels and Serve's own apps in the text fo
 
 JSON (stable keys, docs/multi-node.md):
   {"nodes": [{"node_id", "name", "address", "alive", "is_head", "capabilities", "resources"}],
-   "models": [{"name", "version", "replicas": [{"replica_id", "node_id", "endpoint", "state"}]}],
+   "models": [{"name", "version", "replicas": [{"replica_id", "node_id", "endpoint", "state",
+               "running_requests", "queued_requests", "max_ongoing_requests", "max_queued_requests"}]}],
    "pending": [{"name", "reason"}]}
 """
 
@@ -22,7 +23,11 @@ def status_json(reply: pb.ClusterStatusResponse) -> dict[str, Any]:
                   for n in reply.nodes],
         "models": [{"name": m.name, "version": m.version,
                     "replicas": [{"replica_id": r.replica_id, "node_id": r.node_id, "endpoint": r.endpoint,
-                                  "state": r.state} for r in m.replicas]} for m in reply.models],
+                                  "state": r.state, "running_requests": r.running_requests,
+                                  "queued_requests": r.queued_requests,
+                                  "max_ongoing_requests": r.limits.max_ongoing_requests,
+                                  "max_queued_requests": r.limits.max_queued_requests} for r in m.replicas]}
+                   for m in reply.models],
         "pending": [{"name": p.name, "reason": p.reason} for p in reply.pending],
     }
 
@@ -44,7 +49,9 @@ def status_text(reply: pb.ClusterStatusResponse) -> list[str]:
     for m in reply.models:
         lines.append(f"  {m.name:<24} version {m.version}  replicas {len(m.replicas)}")
         for r in m.replicas:
-            lines.append(f"    replica {r.replica_id:<12} {r.endpoint:<22} node {r.node_id[:12]}  {r.state}")
+            lines.append(f"    replica {r.replica_id:<12} {r.endpoint:<22} node {r.node_id[:12]}  {r.state:<12} "
+                         f"running {r.running_requests}/{r.limits.max_ongoing_requests}  "
+                         f"queued {r.queued_requests}/{r.limits.max_queued_requests}")
     for p in reply.pending:
         lines.append(f"pending: {p.name}: {p.reason}")
     return lines

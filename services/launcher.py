@@ -13,11 +13,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
+import threading
 from dataclasses import dataclass, field
+
+import psutil
 
 from services.cluster.capabilities import node_capabilities, resources
 from services.cluster.ports import check_free, is_loopback
 from services.cluster.ray_node import NodeConfig, RayNode
+from services.cluster.shutdown import StopDeadline, end_processes
 from services.common.vocabulary import ENV_COMPACTION_KEY, ENV_RAY_AUTH_TOKEN, PLATFORM_ENV
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,9 @@ RAY_ENV = {
 }
 ENGINE_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 HEAD_START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 60.0  # `mship start --stop-timeout`: the whole stop, drains included
+STOP_RESERVE_S = 10.0  # of it, kept back from Serve's drain for the kills and the processes after
+KILL_STEP_S = 3.0  # each step of the forced path (kill Serve's actors, leave Ray)
 
 
 @dataclass
@@ -47,7 +55,10 @@ class PlatformConfig:
     state_port: int = 50052
     gcs_port: int = 6380  # the head's Ray GCS (not Redis's 6379)
     state_store: str = "memory://"
-    gateway_replicas: int = 1
+    gateway_replicas: int = 1  # a fixed count; or autoscaling between these two:
+    gateway_min_replicas: int = 0
+    gateway_max_replicas: int = 0  # > 0: Serve scales the gateways on their in-flight requests
+    gateway_target_ongoing_requests: float = 64.0  # per gateway replica
     num_cpus: int = 0  # logical CPUs for Ray; 0 = 4 per physical core (replicas are small)
     ray_address: str | None = None  # join this Ray cluster (e.g. "auto" under KubeRay) instead of embedding one
     advertise_address: str | None = None  # what other nodes dial; None: see `advertised_address`
@@ -75,6 +86,17 @@ class PlatformConfig:
         if not self.ray_address:
             out["--gcs-port"] = (self.advertise_address or self.host, self.gcs_port)
         return out
+
+
+def gateway_scale(cfg: PlatformConfig) -> dict:
+    """The gateway deployment's replica options: a fixed count, or autoscaling on in-flight requests."""
+    if not cfg.gateway_max_replicas:
+        return {"num_replicas": cfg.gateway_replicas}
+    from services.common.autoscaling import autoscaling_config
+
+    low = max(1, cfg.gateway_min_replicas)  # at zero nobody would listen for the request that wakes one
+    return {"autoscaling_config": autoscaling_config(low, max(low, cfg.gateway_max_replicas),
+                                                     cfg.gateway_target_ongoing_requests, 1.0, 30.0)}
 
 
 def advertised_address(host: str) -> str:
@@ -137,7 +159,7 @@ class Platform:
         serve.run(CoordinatorDeployment.options(**on_head).bind(
             cfg.host, cfg.coordinator_port, cfg.state_address, cfg.coordinator_address, cfg.expected_models),
             name=COORDINATOR_APP, route_prefix=None)
-        serve.run(GatewayDeployment.options(num_replicas=cfg.gateway_replicas).bind(
+        serve.run(GatewayDeployment.options(**gateway_scale(cfg)).bind(
             cfg.host, cfg.http_port, cfg.coordinator_address, cfg.state_address, rate_store=cfg.state_store),
             name=GATEWAY_APP, route_prefix=None)
 
@@ -153,32 +175,110 @@ class Platform:
         log.info("Ray head on %s:%d, capabilities %s", cfg.advertise_address, cfg.gcs_port, caps)
         return f"{cfg.advertise_address}:{cfg.gcs_port}"
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        """Stop Serve and Ray, then end any process of ours that outlived them (Ray's agents can)."""
-        import psutil
-
-        ours = psutil.Process().children(recursive=True)
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S, hurry: threading.Event | None = None) -> StopDeadline:
+        """End what `start` started (also after a failed start) within `timeout_s`: Serve drains
+        its replicas while the deadline allows, then Ray and any process of ours that outlived it
+        (Ray's agents can) stop. What the deadline, or `hurry` (a second signal), had to kill
+        instead is recorded in the returned deadline: its `summary()` is the line to print."""
+        deadline = StopDeadline(timeout_s, hurry)
+        ours = _our_processes()
         try:
-            import ray
-            from ray import serve
-
-            if ray.is_initialized():
-                try:
-                    _cancel_unplaced_replicas()
-                    serve.shutdown()
-                finally:
-                    ray.shutdown()
+            if _ray_connected():
+                _stop_serve_and_ray(deadline)
+            elif _ray_loaded():  # a start interrupted inside ray.init: Ray's exit hook crashes on that driver
+                deadline.exit_hard = True
         finally:
             if self.node is not None:
-                self.node.stop(grace_s)
-            alive = [p for p in ours if p.is_running()]
-            for p in alive:
-                with contextlib.suppress(psutil.Error):
-                    p.terminate()
-            _, still = psutil.wait_procs(alive, timeout=grace_s)
-            for p in still:
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
+                deadline.killed_pids += self.node.stop(grace_s=deadline.remaining(), hurry=deadline.hurry)
+            end_processes(ours, deadline)
+        return deadline
+
+
+def _stop_serve_and_ray(deadline: StopDeadline) -> None:
+    """Serve's graceful shutdown until the deadline's reserve; Serve's actors still alive then are
+    killed (named in the deadline); then this driver leaves Ray."""
+    reserve = min(STOP_RESERVE_S, deadline.timeout_s / 4)  # for the kills and the processes after
+    budget = deadline.remaining(reserve)
+    drain = deadline.run("Serve's shutdown", _drain_serve, budget, budget_s=budget)
+    if not (drain.done and drain.value):
+        if drain.error is not None:
+            log.warning("Serve's shutdown failed: %r", drain.error)
+        # The forced path: not cut short by a second signal, each step bounded on its own.
+        kill = deadline.run("killing Serve's actors", _kill_serve_actors, budget_s=KILL_STEP_S, interruptible=False)
+        if kill.done and kill.value is not None:
+            replicas, controller = kill.value
+            deadline.killed_replicas += replicas
+            deadline.killed_controller = controller
+        else:
+            deadline.give_up(kill)
+        # A dead controller ends the drain's wait; a Ray call still running forbids ray.shutdown.
+        if not deadline.wait(lambda: drain.done, KILL_STEP_S, interruptible=False):
+            deadline.give_up(drain)
+            return
+    disconnect = deadline.run("ray.shutdown", _disconnect_ray, budget_s=KILL_STEP_S, interruptible=False)
+    if not disconnect.done:
+        deadline.give_up(disconnect)
+
+
+def _our_processes() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+def _ray_connected() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
+def _ray_loaded() -> bool:
+    return "ray" in sys.modules
+
+
+def _disconnect_ray() -> None:
+    import ray
+
+    ray.shutdown()
+
+
+def _drain_serve(budget_s: float) -> bool:
+    """Serve's own graceful shutdown, each replica draining in its `__del__` up to its
+    graceful-shutdown timeout; True once Serve finished (its controller exits when all stopped),
+    False when `budget_s` ran out first. (serve.shutdown() would wait a fixed 30 s, and not say.)"""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    _cancel_unplaced_replicas()
+    try:
+        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:  # Serve never started (or is gone already)
+        return True
+    try:
+        ray.get(controller.graceful_shutdown.remote(), timeout=budget_s)
+    except ray.exceptions.GetTimeoutError:
+        return False
+    except ray.exceptions.RayActorError:  # how it ends: the controller killed itself
+        pass
+    return True  # (the driver's cached Serve client goes with ray.shutdown and the exit)
+
+
+def _kill_serve_actors() -> tuple[list[str], bool]:
+    """Kill Serve's controller (first: it would restart replicas) and every replica actor still
+    alive. Returns (the replicas killed, as app#deployment#id; whether the controller was)."""
+    import ray
+    from ray._private import state
+    from ray.serve._private.common import REPLICA_ID_FULL_ID_STR_PREFIX
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    live = [a for a in state.actors().values() if a.get("State") != "DEAD" and a.get("Name")]
+    controller = [a for a in live if a["Name"] == SERVE_CONTROLLER_NAME]
+    replicas = [a for a in live if str(a.get("ActorClassName", "")).startswith("ServeReplica")]
+    killed = []
+    for actor in controller + replicas:
+        with contextlib.suppress(Exception):  # gone meanwhile: nothing to kill
+            ray.kill(ray.get_actor(actor["Name"], namespace=SERVE_NAMESPACE), no_restart=True)
+            killed.append(actor["Name"])
+    return ([n.removeprefix(REPLICA_ID_FULL_ID_STR_PREFIX) for n in killed if n != SERVE_CONTROLLER_NAME],
+            SERVE_CONTROLLER_NAME in killed)
 
 
 def _cancel_unplaced_replicas() -> None:

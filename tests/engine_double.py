@@ -17,6 +17,7 @@ from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
 from services.worker.engine import ChoiceDelta, Engine, EngineStats, Prompt, RenderRequest, StepOutput
 from services.worker.host import SERVICE_NAME, ModelHost
+from services.worker.request_gate import RequestGate
 from services.worker.server import worker_server
 from services.worker.servicer import WorkerServicer
 
@@ -102,14 +103,15 @@ class ServedWorker:
 
 
 async def serve_worker(engine: ScriptedEngine, *, name: str = "m", ready: bool = True,
-                       max_inflight: int = 8, port: int = 0) -> ServedWorker:
+                       max_ongoing: int = 8, max_queued: int = 0, port: int = 0) -> ServedWorker:
     """Start a worker gRPC server on 127.0.0.1 (a free port, or `port`) serving `engine` as model
     `name`; stop it with `await worker.server.stop(0)`."""
     host = ModelHost()
     host.spec = common_pb2.ModelSpec(name=name, model="scripted")
     host.engine = engine
     host.phase = pb.LOAD_PHASE_READY if ready else pb.LOAD_PHASE_LOADING
-    servicer = WorkerServicer(host, max_inflight)
+    servicer = WorkerServicer(host, RequestGate(common_pb2.ReplicaLimits(max_ongoing_requests=max_ongoing,
+                                                                          max_queued_requests=max_queued)))
     health_servicer = health.aio.HealthServicer()  # what a real worker answers (routers probe it)
     for service in ("", SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING if ready

@@ -20,15 +20,29 @@ class Sample:
     started: float  # time.monotonic()
     latency_s: float
     streamed: bool
+    server: str = ""  # the gateway replica that answered (x-mship-gateway)
+
+
+@dataclass(frozen=True)
+class Failure:
+    started: float
+    ended: float
+    error: str
 
 
 class LoadGenerator:
     def __init__(self, base_url: str, model: str, clients: int = 4, max_tokens: int = 8,
-                 prompt: str = "What is 2 + 2?", headers: dict[str, str] | None = None) -> None:
-        self.base_url, self.headers = base_url, headers or {}
+                 prompt: str = "What is 2 + 2?", headers: dict[str, str] | None = None, timeout_s: float = 120,
+                 fresh_connections: bool = False) -> None:
+        """`fresh_connections`: a new connection per request (`Connection: close`), as many separate
+        clients would make: the kernel spreads them over the gateway replicas."""
+        self.base_url, self.headers, self.timeout_s = base_url, dict(headers or {}), timeout_s
+        if fresh_connections:
+            self.headers["connection"] = "close"
         self.body = {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": prompt}]}
         self.samples: list[Sample] = []
         self.failures: list[str] = []
+        self.failed: list[Failure] = []  # the same, with when each failed request started and ended
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, args=(i % 2 == 1,), daemon=True, name=f"load-{i}")
@@ -39,35 +53,39 @@ class LoadGenerator:
         return len(self.samples)
 
     def _loop(self, streamed: bool) -> None:
-        with httpx.Client(base_url=self.base_url, timeout=120, headers=self.headers) as http:
+        with httpx.Client(base_url=self.base_url, timeout=self.timeout_s, headers=self.headers) as http:
             while not self._stop.is_set():
                 t0 = time.monotonic()
                 try:
-                    error = self._stream(http) if streamed else self._request(http)
+                    error, server, retry_after = self._stream(http) if streamed else self._request(http)
                 except httpx.HTTPError as e:
-                    error = repr(e)
+                    error, server, retry_after = repr(e), "", 0.0
                 with self._lock:
                     if error:
                         self.failures.append(f"{'stream' if streamed else 'request'}: {error}")
+                        self.failed.append(Failure(t0, time.monotonic(), self.failures[-1]))
                     else:
-                        self.samples.append(Sample(t0, time.monotonic() - t0, streamed))
+                        self.samples.append(Sample(t0, time.monotonic() - t0, streamed, server))
                 streamed = not streamed
+                self._stop.wait(retry_after)  # as the OpenAI SDK does before it sends again
 
-    def _request(self, http: httpx.Client) -> str:
+    def _request(self, http: httpx.Client) -> tuple[str, str, float]:
+        """(error or "", the answering gateway replica, the Retry-After to honour)"""
         r = http.post("/v1/chat/completions", json=self.body)
         if r.status_code != 200 or not r.json()["choices"]:
-            return f"{r.status_code} {r.text[:300]}"
-        return ""
+            return f"{r.status_code} {r.text[:300]}", "", _retry_after(r)
+        return "", r.headers.get("x-mship-gateway", ""), 0.0
 
-    def _stream(self, http: httpx.Client) -> str:
+    def _stream(self, http: httpx.Client) -> tuple[str, str, float]:
         with http.stream("POST", "/v1/chat/completions", json={**self.body, "stream": True}) as r:
             if r.status_code != 200:
-                return f"{r.status_code} {r.read().decode(errors='replace')[:300]}"
+                return f"{r.status_code} {r.read().decode(errors='replace')[:300]}", "", _retry_after(r)
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+            server = r.headers.get("x-mship-gateway", "")
         if not lines or lines[-1] != "data: [DONE]":
-            return f"stream ended without [DONE]: {lines[-2:]}"
+            return f"stream ended without [DONE]: {lines[-2:]}", "", 0.0
         errors = [line for line in lines if '"error"' in line]
-        return f"error chunk in stream: {errors[0]}" if errors else ""
+        return (f"error chunk in stream: {errors[0]}" if errors else ""), server, 0.0
 
     def wait_for(self, n: int, timeout_s: float = 120) -> None:
         """Until `n` more requests have succeeded than now (the load really flows)."""
@@ -76,6 +94,11 @@ class LoadGenerator:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {self.ok} requests succeeded; failures: {self.failures[:3]}")
             time.sleep(0.05)
+
+    def servers(self, since: float = 0.0) -> set[str]:
+        """The gateway replicas that answered requests started since `since`."""
+        with self._lock:
+            return {s.server for s in self.samples if s.started >= since and s.server}
 
     def latencies(self, since: float = 0.0, until: float = float("inf")) -> list[float]:
         with self._lock:
@@ -90,3 +113,11 @@ class LoadGenerator:
         self._stop.set()
         for t in self._threads:
             t.join(120)
+
+
+def _retry_after(r: httpx.Response) -> float:
+    """A 429/503's Retry-After (capped at 5 s), which a well-behaved client waits before retrying."""
+    try:
+        return min(float(r.headers.get("retry-after", "0")), 5.0) if r.status_code in (429, 503) else 0.0
+    except ValueError:
+        return 0.0

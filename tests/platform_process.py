@@ -79,12 +79,14 @@ class PlatformProcess:
         return f"127.0.0.1:{self.gcs_port}"
 
     @classmethod
-    def start(cls, config: Path | None, log_path: Path, *, gateway_replicas: int = 2, state_store: str | None = None,
+    def start(cls, config: Path | None, log_path: Path, *, gateway_replicas: int | None = 2,
+              state_store: str | None = None,
               env: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> PlatformProcess:
         ports = [free_port() for _ in range(4)]  # every platform its own, GCS included: they run side by side
         cmd = [sys.executable, "-m", "clients.cli", "start", *(["--config", str(config)] if config else []),
                "--http-port", str(ports[0]), "--coordinator-port", str(ports[1]), "--state-port", str(ports[2]),
-               "--gcs-port", str(ports[3]), "--gateway-replicas", str(gateway_replicas),
+               "--gcs-port", str(ports[3]),
+               *(["--gateway-replicas", str(gateway_replicas)] if gateway_replicas else []),
                *(["--state-store", state_store] if state_store else []), *extra]
         log = open(log_path, "w")
         # Its own process group (signals from a terminal's Ctrl-C stay out) but the caller's session:

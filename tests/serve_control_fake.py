@@ -86,6 +86,11 @@ class FakeServe:
     async def nodes(self) -> list[NodeState]:
         return list(self.node_list)
 
+    async def wake(self, name: str) -> None:
+        self.calls.append(("wake", name))
+        self.apps[name].target = max(1, self.apps[name].target)
+        await self._converge(name)
+
     async def wait_app(self, name: str, timeout_s: float) -> AppState:
         async def settled() -> None:
             while name in self.apps and self.apps[name].status == "DEPLOYING":
@@ -130,7 +135,8 @@ class FakeServe:
     async def heartbeat_forever(self, interval_s: float = 0.005) -> None:
         while True:
             for replica_id in list(self.registry.replicas):
-                self.registry.heartbeat(replica_id, self.inflight.get(replica_id, 0))
+                await self.registry.heartbeat(pb.HeartbeatRequest(
+                    replica_id=replica_id, inflight_calls=self.inflight.get(replica_id, 0)))
             await asyncio.sleep(interval_s)
 
     # ---- inside -------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ drain timeout) before its processes stop.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+
+import psutil
 
 from services.cluster.ports import free_port
 
@@ -123,18 +126,35 @@ class RayNode:
     def running(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self, grace_s: float | None = None) -> int:
-        """SIGTERM (Ray drains the node first), then SIGKILL of the group after the grace."""
+    def stop(self, grace_s: float | None = None, hurry: threading.Event | None = None) -> list[int]:
+        """SIGTERM (Ray drains the node first), then SIGKILL of the group once the grace runs out or
+        `hurry` is set (a second signal). Returns the pids that had to be SIGKILLed that way: none
+        after a clean stop (the group's leftovers are still killed then, as routine cleanup)."""
         grace = self.cfg.drain_timeout_s + 15 if grace_s is None else grace_s
+        forced: list[int] = []
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)  # to `ray start` only: the group's raylet must drain first
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self._kill_group()
-                self.proc.wait()
+            end = time.monotonic() + grace
+            while self.proc.poll() is None and time.monotonic() < end and not (hurry and hurry.is_set()):
+                try:
+                    self.proc.wait(0.1)  # short: a second signal must not wait out the grace
+                except subprocess.TimeoutExpired:
+                    pass
+            if self.proc.poll() is None:
+                forced = self._group()
         self._kill_group()  # anything of the group that outlived it (Ray's agents can)
-        return self.proc.returncode
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)  # SIGKILLed: only the kernel's reaping is left
+        return forced
+
+    def _group(self) -> list[int]:
+        """The live processes of the node's process group (its leader is `ray start`)."""
+        pids = []
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getpgid(p.pid) == self.proc.pid and p.status() != psutil.STATUS_ZOMBIE:
+                    pids.append(p.pid)
+        return pids
 
     def _kill_group(self) -> None:
         try:

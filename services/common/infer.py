@@ -44,11 +44,20 @@ def _no_replica(model: str, last: ErrorDetails | None) -> UpstreamError:
                                               reason="NOT_READY", retry_after_s=1.0))
 
 
+async def _endpoints(table: RouteTable, model: str) -> list[Endpoint]:
+    """The endpoints to try, best first; for a model at zero replicas, after its cold start."""
+    endpoints = table.candidates(model)
+    if endpoints:
+        return endpoints
+    route = table.routes.get(model)
+    return await table.cold_start(model) if route is not None and route.scale_to_zero else []
+
+
 async def call_unary(table: RouteTable, model: str, call: Callable[[Endpoint], Awaitable[T]]) -> T:
     """A unary worker call (e.g. `lambda e: e.stub.Embed(request)`) on the best endpoint, counted in
     its outstanding calls while it runs, retried elsewhere like an Infer call before its first token."""
     last: ErrorDetails | None = None
-    for endpoint in table.candidates(model):
+    for endpoint in await _endpoints(table, model):
         endpoint.outstanding += 1
         try:
             reply = await call(endpoint)
@@ -108,7 +117,7 @@ async def open_infer(table: RouteTable, model: str, request: pb.InferRequest,
     """Start the call on the best endpoint and wait for its first event. Every stream that does not
     come back to the caller is closed here, whatever ends it (an error, a cancellation)."""
     last: ErrorDetails | None = None
-    for endpoint in table.candidates(model):
+    for endpoint in await _endpoints(table, model):
         try:
             call = endpoint.stub.Infer(request, timeout=timeout_s, metadata=metadata or None)
         except grpc.aio.UsageError:  # its channel was just closed by a new snapshot: try another

@@ -6,6 +6,9 @@ The table keeps one channel per worker endpoint and a circuit breaker per endpoi
 that keeps failing leaves the rotation for a cool-down and comes back once a health probe says it
 serves: services/common/breaker.py); which endpoint a call tries first is its `ReplicaPicker`'s
 choice (services/common/picker.py; least outstanding requests by default).
+
+A model autoscaled to zero has a route with no endpoints: a call to it asks the coordinator for a
+replica (`RequestReplica`, through the watcher) and waits, up to a bound, for a snapshot that has one.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -29,6 +33,9 @@ from services.common.picker import LeastOutstanding, ReplicaPicker
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 2.0
+ENV_COLD_START_TIMEOUT_S = "MSHIP_COLD_START_TIMEOUT_S"
+COLD_START_TIMEOUT_S = 120.0  # a request to a model at zero replicas waits this long for one
+REASK_S = 10.0  # a cold start still waiting asks again (the coordinator may have restarted)
 # A replica that comes back on its address is reconnected within ~2 s, not after gRPC's default
 # backoff of up to 120 s (the breaker's probe waits for that connection).
 CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 20_000), ("grpc.max_receive_message_length", 64 * 2**20),
@@ -54,6 +61,7 @@ class Route:
     embedding_dimension: int = 0  # embed models: the length of a vector
     requests_per_minute: int = 0  # the model set's rate_limits, per identity (0: unlimited)
     tokens_per_minute: int = 0
+    scale_to_zero: bool = False  # no endpoints may be normal: a call waits for a cold start
 
 
 class RouteTable:
@@ -64,12 +72,18 @@ class RouteTable:
         self.token = token  # None: this node's platform token
         self.picker: ReplicaPicker = picker or LeastOutstanding()
         self.breaker = breaker or EndpointBreaker()
-        self._probes: set[asyncio.Task] = set()
+        self._probes: set[asyncio.Task] = set()  # health probes and replica requests in flight
         self.version = 0
         self.routes: dict[str, Route] = {}
         self.pending: list[str] = []
+        self.unhealthy: list[str] = []  # routed, but every replica fails its health check
         self.received = asyncio.Event()  # a first snapshot arrived
+        self._applied = asyncio.Event()  # set (and replaced) by every snapshot
         self._channels: dict[str, tuple[grpc.aio.Channel, Endpoint]] = {}
+        # Asks the coordinator for a replica of a model at zero (the watcher sets it; None: cannot).
+        self.request_replica: Callable[[str], Awaitable[None]] | None = None
+        self._asked: dict[str, float] = {}  # model -> when a replica was last asked for (loop time)
+        self.cold_start_timeout_s = float(os.environ.get(ENV_COLD_START_TIMEOUT_S, COLD_START_TIMEOUT_S))
 
     def apply(self, snapshot: cpb.RoutingSnapshot) -> None:
         routes, live = {}, set()
@@ -77,7 +91,7 @@ class RouteTable:
             route = Route(model.name, model.version, model.max_model_len, model.usecase,
                           embedding_dimension=model.embedding_dimension,
                           requests_per_minute=model.rate_limits.requests_per_minute,
-                          tokens_per_minute=model.rate_limits.tokens_per_minute)
+                          tokens_per_minute=model.rate_limits.tokens_per_minute, scale_to_zero=model.scale_to_zero)
             for replica in model.replicas:
                 address = f"{replica.endpoint.host}:{replica.endpoint.port}"
                 live.add(address)
@@ -91,8 +105,11 @@ class RouteTable:
             channel, _ = self._channels.pop(address)
             asyncio.get_running_loop().create_task(channel.close(grace=30))
         self.routes, self.pending, self.version = routes, list(snapshot.pending), snapshot.version
+        self.unhealthy = list(snapshot.unhealthy)
         self.breaker.keep_only(live)
         self.received.set()
+        applied, self._applied = self._applied, asyncio.Event()
+        applied.set()
 
     def candidates(self, model: str) -> list[Endpoint]:
         """Endpoints of `model`, best first, in the picker's order."""
@@ -102,6 +119,30 @@ class RouteTable:
         for address in self.breaker.due_for_probe():
             self._probe(address)
         return self.picker.order(route.endpoints, self.breaker.excluded())
+
+    async def cold_start(self, model: str) -> list[Endpoint]:
+        """Endpoints of a model at zero replicas, once one serves: asks the coordinator for a replica
+        (once per model every REASK_S, however many calls wait: again only if a start got lost) and
+        waits for a snapshot that routes to one; [] after `cold_start_timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cold_start_timeout_s
+        while not (endpoints := self.candidates(model)):
+            route = self.routes.get(model)
+            if route is None or not route.scale_to_zero or loop.time() >= deadline:
+                return []
+            self._ask_for_replica(model)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._applied.wait(), min(REASK_S, deadline - loop.time()))
+        return endpoints
+
+    def _ask_for_replica(self, model: str) -> None:
+        now = asyncio.get_running_loop().time()
+        if self.request_replica is None or now - self._asked.get(model, -REASK_S) < REASK_S:
+            return
+        self._asked[model] = now
+        task = asyncio.get_running_loop().create_task(self.request_replica(model))
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
 
     def mark_bad(self, endpoint: Endpoint) -> None:
         """A call on `endpoint` failed (unreachable, or its stream broke): one failure for its breaker."""
@@ -146,7 +187,19 @@ class RoutingWatcher:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
+        self.table.request_replica = self._request_replica
         self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _request_replica(self, model: str) -> None:
+        try:
+            async with aio_channel(self.coordinator, token=self.table.token) as channel:
+                reply = await coordinator_pb2_grpc.CoordinatorStub(channel).RequestReplica(
+                    cpb.RequestReplicaRequest(model=model), timeout=10)
+        except grpc.aio.AioRpcError as e:  # the caller's wait ends on its deadline
+            log.warning("asking for a replica of %s failed: %s", model, e.code().name)
+            return
+        if not reply.starting:
+            log.info("no replica of %s will start: %s", model, reply.reason)
 
     async def _run(self) -> None:
         backoff = 0.1

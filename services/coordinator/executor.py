@@ -66,7 +66,7 @@ class Executor:
             self.running[name] = RunningModel(spec, current.version, current.app, current.load_time_s)
             await self.registry.set_active(name, ActiveModel.of(spec, current.version))
             record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_UNCHANGED,
-                                             reason="rate limits updated (no reload)"))
+                                             reason="admission limits updated (no reload)"))
         for name in plan.remove:  # first: the room it frees is there for the new models
             await self._remove(record, name)
         for name, spec in plan.rescale.items():
@@ -189,7 +189,8 @@ class Executor:
         switched = time.monotonic()
         deadline = switched + timeout_s
         while time.monotonic() < deadline:
-            if all(r.last_seen > switched and r.inflight == 0 for r in self.registry.replicas_of(name, version)):
+            replicas = self.registry.replicas_of(name, version)
+            if all(r.last_seen > switched and r.load.inflight_calls == 0 for r in replicas):
                 return
             await asyncio.sleep(self.drain_poll_s)  # heartbeats carry no wake-up: poll them
         log.warning("%s %s: drain timed out after %.0fs; stopping it with calls in flight", name, version, timeout_s)

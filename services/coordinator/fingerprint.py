@@ -1,7 +1,7 @@
 """Model versions: a fingerprint of the fields whose change needs a reload.
 
-Scale (num_replicas, autoscaling) and admission (rate_limits) are left out on purpose: changing
-them rescales or re-limits the live deployment in place instead of starting a new version.
+Scale (num_replicas, autoscaling) and admission (rate_limits, backpressure) are left out on purpose:
+changing them rescales or re-limits the live deployment in place instead of starting a new version.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import re
 
 from mship.common.v1 import common_pb2
 
-SCALE_FIELDS = ("num_replicas", "autoscaling", "rate_limits")
+LIMIT_FIELDS = ("rate_limits", "max_ongoing_requests", "max_queued_requests")
+SCALE_FIELDS = ("num_replicas", "autoscaling", *LIMIT_FIELDS)
 APP_PREFIX = "mship-model-"
 
 
@@ -22,6 +23,16 @@ def version_of(spec: common_pb2.ModelSpec) -> str:
         reload_relevant.ClearField(name)
     data = reload_relevant.SerializeToString(deterministic=True)
     return hashlib.sha256(data).hexdigest()[:12]
+
+
+def limits_of(spec: common_pb2.ModelSpec) -> bytes:
+    """The admission part of a spec, comparable (did only the limits change?)."""
+    limits = common_pb2.ModelSpec()
+    limits.CopyFrom(spec)
+    for f in spec.DESCRIPTOR.fields:
+        if f.name not in LIMIT_FIELDS:
+            limits.ClearField(f.name)
+    return limits.SerializeToString(deterministic=True)
 
 
 def app_name(spec: common_pb2.ModelSpec, version: str | None = None) -> str:

@@ -1,8 +1,9 @@
 """What a deploy changes: the running set and a request in, a plan out. Pure: no I/O, no Serve.
 
 Per model: same version -> unchanged (or rescaled in place when only the scale differs, or when
-Serve's live replica count drifted from the spec's; re-limited when only `rate_limits` differ:
-the gateways get the new limits with the next routing version, nothing reloads); a new name or a
+Serve's live replica count drifted from the spec's; re-limited when only the admission limits differ:
+the gateways get the new rate limits with the next routing version, the replicas their backpressure
+limits with their next heartbeat, nothing reloads); a new name or a
 changed version -> added
 (a new Serve app, loaded beside the old one); reconcile mode also removes what the request omits.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
-from services.coordinator.fingerprint import version_of
+from services.coordinator.fingerprint import limits_of, version_of
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
@@ -31,7 +32,7 @@ class RunningModel:
 class Plan:
     add: dict[str, tuple[common_pb2.ModelSpec, str]] = field(default_factory=dict)  # name -> (spec, version)
     rescale: dict[str, common_pb2.ModelSpec] = field(default_factory=dict)
-    relimit: dict[str, common_pb2.ModelSpec] = field(default_factory=dict)  # only rate_limits changed
+    relimit: dict[str, common_pb2.ModelSpec] = field(default_factory=dict)  # only admission limits changed
     remove: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
@@ -53,7 +54,7 @@ def plan_deploy(running: Mapping[str, RunningModel], request: pb.DeployRequest,
         elif drifted(current, serve_targets):
             # The same config again restores a fixed replica count that drifted from it in Serve.
             plan.rescale[name] = spec  # same scale as running; its rate limits may be new
-        elif current.spec.rate_limits != spec.rate_limits:
+        elif limits_of(current.spec) != limits_of(spec):
             plan.relimit[name] = spec
         else:
             plan.unchanged.append(name)

@@ -2,7 +2,8 @@
 the version each model routes to, from which it makes the versioned routing snapshots that
 gateways subscribe to (their view of those is `services.common.routes.RouteTable`).
 
-Workers register and heartbeat; one that misses heartbeats leaves the registry. Every change bumps
+Workers register and heartbeat; one that misses heartbeats leaves the registry, one whose engine
+fails its health check stays but takes no traffic (`unhealthy`) until Serve replaces it. Every change bumps
 the version and wakes the watchers (a compact push protocol in the spirit of Serve's long_poll).
 Versions start from the wall clock in milliseconds, so a restarted coordinator's versions are
 always newer than anything a subscriber holds.
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
+from services.common.limits import replica_limits
 
 
 @dataclass
@@ -25,17 +27,24 @@ class ActiveModel:
     usecase: int
     max_model_len: int = 0
     rate_limits: common_pb2.RateLimits = field(default_factory=common_pb2.RateLimits)
+    limits: common_pb2.ReplicaLimits = field(default_factory=lambda: replica_limits(None))
+    scale_to_zero: bool = False  # autoscaled with min_replicas 0: no replica is not "pending"
 
     @classmethod
     def of(cls, spec: common_pb2.ModelSpec, version: str) -> ActiveModel:
-        return cls(version, spec.usecase, spec.max_model_len, spec.rate_limits)
+        return cls(version, spec.usecase, spec.max_model_len, spec.rate_limits, replica_limits(spec),
+                   spec.HasField("autoscaling") and spec.autoscaling.min_replicas == 0)
 
 
 @dataclass
 class Replica:
     info: pb.ReplicaInfo
     last_seen: float
-    inflight: int = 0
+    load: pb.HeartbeatRequest = field(default_factory=pb.HeartbeatRequest)  # the latest heartbeat
+
+    @property
+    def healthy(self) -> bool:
+        return not self.load.unhealthy
 
 
 class ReplicaRegistry:
@@ -61,12 +70,19 @@ class ReplicaRegistry:
         if old is None or old.info != info:
             await self._bump()
 
-    def heartbeat(self, replica_id: str, inflight: int) -> bool:
-        replica = self.replicas.get(replica_id)
+    async def heartbeat(self, beat: pb.HeartbeatRequest) -> common_pb2.ReplicaLimits | None:
+        """Record a replica's load and health; its model's current limits, or None if it is unknown."""
+        replica = self.replicas.get(beat.replica_id)
         if replica is None:
-            return False
-        replica.last_seen, replica.inflight = time.monotonic(), inflight
-        return True
+            return None
+        was_healthy = replica.healthy
+        replica.last_seen, replica.load = time.monotonic(), beat
+        if replica.healthy != was_healthy:  # route around it (or back to it) at once
+            await self._bump()
+        active = self.active.get(replica.info.model)
+        if active is not None and active.version == replica.info.version:
+            return active.limits
+        return replica_limits(replica.info.spec)  # an old version draining keeps its own
 
     async def unregister(self, replica_id: str) -> None:
         if self.replicas.pop(replica_id, None) is not None:
@@ -110,26 +126,37 @@ class ReplicaRegistry:
         await self._bump()
 
     # ---- reads -----------------------------------------------------------------------------
+    def state_of(self, replica: Replica) -> str:
+        """ready | unhealthy (its engine failed its health check) | unresponsive (heartbeats late)."""
+        if not replica.healthy:
+            return "unhealthy"
+        late = time.monotonic() - replica.last_seen > self.heartbeat_timeout_s / 2
+        return "unresponsive" if late else "ready"
+
     def replicas_of(self, name: str, version: str) -> list[Replica]:
         return [r for r in self.replicas.values() if r.info.model == name and r.info.version == version]
 
     def live(self, name: str, version: str) -> list[pb.ReplicaInfo]:
-        return [r.info for r in self.replicas_of(name, version)]
+        """The replicas that take traffic: registered, heartbeating and healthy."""
+        return [r.info for r in self.replicas_of(name, version) if r.healthy]
 
     def snapshot(self) -> pb.RoutingSnapshot:
         snap = pb.RoutingSnapshot(version=self.version)
-        pending = self.expected - set(self.active)
+        pending, unhealthy = self.expected - set(self.active), set()
         for name in sorted(self.active):
             active = self.active[name]
             replicas = sorted(self.live(name, active.version), key=lambda r: r.replica_id)
-            if not replicas:
-                pending.add(name)
+            if not replicas and not active.scale_to_zero:
+                (unhealthy if self.replicas_of(name, active.version) else pending).add(name)
                 continue
+            first = replicas[0] if replicas else pb.ReplicaInfo()
             snap.models.append(pb.ModelRoute(
                 name=name, version=active.version, usecase=active.usecase or common_pb2.USECASE_GENERATE,
-                max_model_len=active.max_model_len or replicas[0].max_model_len, replicas=replicas,
-                embedding_dimension=replicas[0].embedding_dimension, rate_limits=active.rate_limits))
+                max_model_len=active.max_model_len or first.max_model_len, replicas=replicas,
+                embedding_dimension=first.embedding_dimension, rate_limits=active.rate_limits,
+                scale_to_zero=active.scale_to_zero))
         snap.pending.extend(sorted(pending))
+        snap.unhealthy.extend(sorted(unhealthy))
         return snap
 
     async def wait_newer(self, known: int, timeout_s: float) -> bool:

@@ -62,6 +62,10 @@ class ServeControl(Protocol):
         """The cluster's nodes (alive and recently dead) with their total resources."""
         ...
 
+    async def wake(self, name: str) -> None:
+        """Start a replica of an app autoscaled to zero; returns once one serves."""
+        ...
+
 
 def _apps() -> dict[str, AppState]:
     from ray.serve.context import _get_global_client
@@ -123,6 +127,14 @@ class RayServeControl:
         controller = _get_global_client()._controller  # the only route to update_deployment_replicas in 2.60
         await asyncio.to_thread(ray.get, controller.update_deployment_replicas.remote(
             DeploymentID(name="worker", app_name=name), replicas))
+
+    async def wake(self, name: str) -> None:
+        """A handle call that waits for a replica: Serve's autoscaler counts it and scales the app
+        from zero at once (its cold-start path); the call itself returns once a replica runs."""
+        from ray import serve
+
+        handle = await asyncio.to_thread(serve.get_deployment_handle, "worker", name)
+        await handle.wake.remote()
 
     async def delete(self, name: str) -> None:
         from ray import serve

@@ -23,6 +23,7 @@ from services.coordinator.registry import ReplicaRegistry
 from services.coordinator.serve_control import ServeControl
 
 log = logging.getLogger(__name__)
+WAKE_TIMEOUT_S = 600.0  # a cold start loads a model: minutes for a large one
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
@@ -34,6 +35,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         # Held back after a restart until the running replicas have re-registered, so that no
         # subscriber ever receives a blank snapshot from a coordinator that has not caught up yet.
         self.routing_ready = asyncio.Event()
+        self._waking: dict[str, asyncio.Task] = {}  # app -> its wake call (RequestReplica)
 
     # ---- deploys -----------------------------------------------------------------------------
     async def Deploy(self, request: pb.DeployRequest, context) -> AsyncIterator[pb.DeployEvent]:
@@ -86,7 +88,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         if request.leaving:
             await self.registry.unregister(request.replica_id)
             return pb.HeartbeatResponse(known=False)
-        return pb.HeartbeatResponse(known=self.registry.heartbeat(request.replica_id, request.inflight_calls))
+        limits = await self.registry.heartbeat(request)
+        return pb.HeartbeatResponse(known=limits is not None, limits=limits)
 
     async def WatchRouting(self, request: pb.WatchRoutingRequest, context) -> AsyncIterator[pb.RoutingUpdate]:
         await self.routing_ready.wait()
@@ -119,15 +122,39 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                           capabilities=capabilities_of(n.resources), resources=n.resources) for n in nodes])
         for model in self.deployer.running_models():
             name, version = model.spec.name, model.version
-            live = {r.replica_id for r in self.registry.live(name, version)}
+            replicas = self.registry.replicas_of(name, version)
             status = out.models.add(name=name, version=version)
-            for r in self.registry.replicas_of(name, version):
+            for r in replicas:
                 status.replicas.add(replica_id=r.info.replica_id, node_id=r.info.node_id,
                                     endpoint=f"{r.info.endpoint.host}:{r.info.endpoint.port}",
-                                    state="ready" if r.info.replica_id in live else "unresponsive")
-            if not live:
+                                    state=self.registry.state_of(r), running_requests=r.load.running_requests,
+                                    queued_requests=r.load.waiting_requests, limits=r.load.limits)
+            if not replicas and not _scales_to_zero(model.spec):
                 out.pending.add(name=name, reason=unhostable(model.spec, nodes) or "loading: no live replica yet")
         return out
+
+    async def RequestReplica(self, request: pb.RequestReplicaRequest, context) -> pb.RequestReplicaResponse:
+        model = next((m for m in self.deployer.running_models() if m.spec.name == request.model), None)
+        if model is None:
+            return pb.RequestReplicaResponse(reason=f"no model {request.model!r} is deployed")
+        if not _scales_to_zero(model.spec):
+            return pb.RequestReplicaResponse(reason=f"{request.model!r} does not scale to zero")
+        if not self.registry.live(model.spec.name, model.version) and model.app not in self._waking:
+            self._waking[model.app] = asyncio.get_running_loop().create_task(self._wake(model.app))
+        return pb.RequestReplicaResponse(starting=True)
+
+    async def _wake(self, app: str) -> None:
+        """One wake per app at a time, however many gateways ask (their requests wait on routing)."""
+        try:
+            await asyncio.wait_for(self.serve.wake(app), WAKE_TIMEOUT_S)
+        except Exception as e:  # the gateways' waits end on their own deadline; say why here
+            log.warning("starting a replica of %s failed: %r", app, e)
+        finally:
+            del self._waking[app]
+
+
+def _scales_to_zero(spec) -> bool:
+    return spec.HasField("autoscaling") and spec.autoscaling.min_replicas == 0
 
 
 def _check_deploy(request: pb.DeployRequest) -> None:

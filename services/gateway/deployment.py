@@ -3,6 +3,7 @@ SO_REUSEPORT port (no Serve proxy hop) and watches the coordinator's routing tab
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from ray import serve
@@ -17,6 +18,7 @@ from services.gateway.responses.serving import ResponsesServing
 from services.state.client import StateClient
 
 log = logging.getLogger(__name__)
+ROUTES_TIMEOUT_S = 60.0
 
 
 @serve.deployment(
@@ -45,6 +47,14 @@ class GatewayDeployment:
 
         async def on_start() -> None:  # on the HTTP server's loop (this one): gRPC channels belong to it
             self.watcher.start()
+            # A new replica (a scale-up, a replacement) takes traffic only once it holds the current
+            # routes: before that it would answer 404/503 for models the others serve.
+            try:
+                await asyncio.wait_for(self.table.received.wait(), ROUTES_TIMEOUT_S)
+            except TimeoutError:
+                await self.watcher.stop()
+                raise RuntimeError(f"no routing snapshot from the coordinator {coordinator} within "
+                                   f"{ROUTES_TIMEOUT_S:.0f}s: {self.watcher.last_error}") from None
             if state_address:
                 self.state = StateClient(state_address)
                 self.responses = ResponsesServing(self.table, self.state, replica_id, CompactionCodec(),

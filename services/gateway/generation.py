@@ -23,7 +23,7 @@ from services.common.routes import Endpoint, RouteTable
 from services.gateway.admission.admission import FREE, Ticket
 from services.gateway.edge.upstream import from_grpc
 from services.gateway.identity import IDENTITY_METADATA
-from services.gateway.protocol_common.openai_error import OpenAIError, model_not_found, overloaded
+from services.gateway.protocol_common.openai_error import OpenAIError, model_not_found, unavailable
 
 log = logging.getLogger(__name__)
 CANCEL_TIMEOUT_S = 5.0
@@ -51,8 +51,8 @@ def check_routed(table: RouteTable, model: str, usecase: int = common_pb2.USECAS
             raise OpenAIError(400, _USECASE_REFUSALS[usecase].format(model), param="model",
                               code="model_not_supported")
         return
-    if model in table.pending or not table.received.is_set():
-        raise overloaded(2.0, status=503)  # known but not loaded yet / routes not received yet
+    if model in table.pending or model in table.unhealthy or not table.received.is_set():
+        raise unavailable(2.0)  # known but not serving (loading, being replaced) / no routes yet
     raise model_not_found(model)
 
 

@@ -1,5 +1,9 @@
-"""`/health` (the process answers) and `/readyz` (routes received, nothing pending, per-model load
-times from the coordinator)."""
+"""`/health` (the process answers) and `/readyz` (routes received, every model asked for served by a
+healthy replica; per model its state and load time).
+
+Model states: `loaded` (healthy replicas take traffic), `scaled_to_zero` (autoscaled to no replica:
+a request starts one), `pending` (asked for, not serving yet) and `unhealthy` (every replica's
+engine fails its health check; Serve is replacing them)."""
 
 from __future__ import annotations
 
@@ -22,10 +26,19 @@ def readiness_router(table: RouteTable, coordinator: str) -> APIRouter:
 
     @router.get("/readyz")
     async def readyz() -> Response:
-        loaded, pending = sorted(table.routes), sorted(table.pending)
-        ready = table.received.is_set() and not pending
-        body = {"ready": ready, "loaded": loaded, "pending": pending, "routing_version": table.version,
-                "load_times_s": await _load_times(coordinator)}
+        pending, unhealthy = sorted(table.pending), sorted(table.unhealthy)
+        idle = sorted(name for name, route in table.routes.items() if route.scale_to_zero and not route.endpoints)
+        loaded = sorted(set(table.routes) - set(idle))
+        ready = table.received.is_set() and not pending and not unhealthy
+        load_times = await _load_times(coordinator)
+        states = {**{n: "loaded" for n in loaded}, **{n: "scaled_to_zero" for n in idle},
+                  **{n: "pending" for n in pending}, **{n: "unhealthy" for n in unhealthy}}
+        models = {name: {"state": state, "replicas": len(table.routes[name].endpoints) if name in table.routes else 0,
+                         **({"load_time_s": load_times[name]} if name in load_times else {})}
+                  for name, state in sorted(states.items())}
+        body = {"ready": ready, "loaded": loaded, "pending": pending, "unhealthy": unhealthy,
+                "scaled_to_zero": idle, "models": models, "routing_version": table.version,
+                "load_times_s": load_times}
         return JSONResponse(body, status_code=200 if ready else 503)
 
     return router

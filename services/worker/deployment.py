@@ -16,6 +16,7 @@ from ray import serve
 
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as cpb
+from services.common.autoscaling import autoscaling_config
 from services.common.vocabulary import capability_resource, loader_name
 from services.worker.registration import Registrar, node_lease
 from services.worker.server import WorkerServer, start_worker_server
@@ -48,7 +49,7 @@ class WorkerDeployment:
             max_model_len=engine.max_model_len if engine else 0, spec=spec,
             engine_load_s=self.server.host.load_seconds(),
             embedding_dimension=engine.embedding_dimension if engine else 0)
-        self.registrar = Registrar(coordinator, replica, inflight=lambda: len(self.server.servicer.inflight))
+        self.registrar = Registrar(coordinator, replica, self._load, self.server.servicer.gate.apply)
         await self.registrar.start()
         log.info("worker %s (%s) serving on %s:%d", spec.name, version, host, self.server.port)
 
@@ -57,9 +58,20 @@ class WorkerDeployment:
         if not await self.server.host.check():
             raise RuntimeError("the engine is not healthy")
 
+    def _load(self) -> cpb.HeartbeatRequest:
+        """What each heartbeat reports: the calls in flight (running + queued) and the engine's health."""
+        servicer = self.server.servicer
+        return cpb.HeartbeatRequest(inflight_calls=len(servicer.inflight), running_requests=servicer.gate.ongoing,
+                                    waiting_requests=servicer.gate.queued, limits=servicer.gate.limits,
+                                    unhealthy=not self.server.host.ready)
+
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Traffic bypasses Serve, so autoscaling is fed the worker's own in-flight calls."""
         return {"inflight": float(len(self.server.servicer.inflight))}
+
+    def wake(self) -> None:
+        """Nothing: a call that waits for a replica is what scales a deployment at zero replicas to
+        one (the coordinator makes it for a gateway holding a request for this model)."""
 
     def address(self) -> str:
         return f"{self.registrar.replica.endpoint.host}:{self.server.port}"
@@ -81,12 +93,8 @@ def worker_app(spec: common_pb2.ModelSpec, version: str, coordinator: str):
                                            "resources": {capability_resource(loader_name(spec.loader)): 1}}}
     if spec.HasField("autoscaling"):
         a = spec.autoscaling
-        options["autoscaling_config"] = {
-            "min_replicas": a.min_replicas, "max_replicas": a.max_replicas,
-            "target_ongoing_requests": a.target_ongoing_requests or 2.0,
-            "upscale_delay_s": a.upscale_delay_s, "downscale_delay_s": a.downscale_delay_s,
-            "metrics_interval_s": 0.5, "look_back_period_s": 2.0,
-            "policy": {"policy_function": "services.worker.autoscaling:inflight_policy"}}
+        options["autoscaling_config"] = autoscaling_config(
+            a.min_replicas, a.max_replicas, a.target_ongoing_requests or 2.0, a.upscale_delay_s, a.downscale_delay_s)
     else:
         options["num_replicas"] = spec.num_replicas or 1
     return WorkerDeployment.options(**options).bind(spec.SerializeToString(), version, coordinator)

@@ -1,7 +1,9 @@
 """Keep a worker replica in the coordinator's routing table: register, heartbeat, re-register.
 
 A coordinator that restarted answers a heartbeat with known=false; the replica registers again,
-which is how the new coordinator rebuilds its table without blanking live routes.
+which is how the new coordinator rebuilds its table without blanking live routes. Each heartbeat
+carries the replica's load and health (an engine that died takes the replica out of routing within
+one beat) and brings back its model's current backpressure limits.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 
 import grpc
 
+from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from mship.coordinator.v1 import coordinator_pb2_grpc
 from services.common.channels import aio_channel
@@ -21,10 +24,11 @@ log = logging.getLogger(__name__)
 
 
 class Registrar:
-    def __init__(self, coordinator: str, replica: pb.ReplicaInfo, inflight: Callable[[], int],
+    def __init__(self, coordinator: str, replica: pb.ReplicaInfo, load: Callable[[], pb.HeartbeatRequest],
+                 on_limits: Callable[[common_pb2.ReplicaLimits], None] = lambda _: None,
                  interval_s: float = 1.0) -> None:
         self.replica = replica
-        self._inflight = inflight
+        self._load, self._on_limits = load, on_limits
         self._interval_s = interval_s
         self._channel = aio_channel(coordinator)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
@@ -52,11 +56,14 @@ class Registrar:
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self._interval_s)
+            beat = self._load()
+            beat.replica_id = self.replica.replica_id
             try:
-                reply = await self._stub.Heartbeat(pb.HeartbeatRequest(
-                    replica_id=self.replica.replica_id, inflight_calls=self._inflight()), timeout=5)
+                reply = await self._stub.Heartbeat(beat, timeout=5)
                 if not reply.known:
                     await self._register(wait=False)
+                elif reply.HasField("limits") and reply.limits != beat.limits:
+                    self._on_limits(reply.limits)
             except grpc.aio.AioRpcError as e:  # coordinator restarting: keep serving, keep trying
                 log.info("heartbeat of %s failed: %s", self.replica.replica_id, e.code().name)
 

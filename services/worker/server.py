@@ -10,6 +10,7 @@ from grpc_health.v1 import health, health_pb2
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2_grpc
 from services.common.interceptors import platform_server
+from services.common.limits import replica_limits
 from services.worker.host import SERVICE_NAME, LoadGate, ModelHost
 from services.worker.servicer import WorkerServicer
 
@@ -55,4 +56,5 @@ async def start_worker_server(spec: common_pb2.ModelSpec | None, host: str = "12
     await server.start()
     if spec is not None:
         model_host.begin_load(spec, gate)
+        servicer.gate.apply(replica_limits(spec))
     return WorkerServer(server=server, host=model_host, servicer=servicer, port=bound)

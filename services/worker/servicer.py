@@ -19,22 +19,24 @@ import grpc
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.errors import Reason, ServiceError, invalid_parameter
+from services.common.limits import replica_limits
 from services.worker.engine import ChoiceDelta, Engine, Prompt, RenderRequest
 from services.worker.host import ModelHost
 from services.worker.parsers import StreamParser
+from services.worker.request_gate import RequestGate
 from services.worker.sampling import Sampling, sampling_from_request
 
 log = logging.getLogger(__name__)
 FINISH = {"stop": worker_pb2.FINISH_REASON_STOP, "length": worker_pb2.FINISH_REASON_LENGTH,
           "abort": worker_pb2.FINISH_REASON_CANCELLED}
-DEFAULT_MAX_INFLIGHT = 256
+ENGINE_DIED_RETRY_S = 2.0
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, host: ModelHost, max_inflight: int = DEFAULT_MAX_INFLIGHT) -> None:
+    def __init__(self, host: ModelHost, gate: RequestGate | None = None) -> None:
         self.host = host
-        self.max_inflight = max_inflight
-        self.inflight: set[str] = set()
+        self.gate = gate or RequestGate()
+        self.inflight: set[str] = set()  # running or queued (Cancel by id, the autoscaler's load)
 
     # ---- Load --------------------------------------------------------------------------------
     async def Load(self, request: worker_pb2.LoadRequest, context) -> AsyncIterator[worker_pb2.LoadProgress]:
@@ -43,6 +45,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise invalid_parameter("spec", "spec.name and spec.model are required")
         if self.host.spec is None:
             self.host.begin_load(spec)
+            self.gate.apply(replica_limits(spec))
         elif (self.host.spec.name, self.host.spec.model) != (spec.name, spec.model):
             raise ServiceError(
                 grpc.StatusCode.FAILED_PRECONDITION, Reason.INVALID_PARAMETER,
@@ -60,9 +63,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         request_id = request.request_id or uuid.uuid4().hex
         self._admit(request_id)
         try:
-            async for event in self._stream(engine, prompt, sampling, request, request_id, parse_tools):
-                yield event
-        finally:  # admitted: released however the call ends (finished, refused, cancelled)
+            async with self.gate.admitted(request_id):  # backpressure: an engine place, or a queue slot, or refused
+                async for event in self._stream(engine, prompt, sampling, request, request_id, parse_tools):
+                    yield event
+        finally:  # released however the call ends (finished, refused, cancelled)
             self.inflight.discard(request_id)
 
     async def _stream(self, engine: Engine, prompt: Prompt, sampling: Sampling, request: worker_pb2.InferRequest,
@@ -86,8 +90,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except ServiceError:
             raise
         except Exception as e:
-            log.exception("engine failed on %s", request_id)
-            raise ServiceError(grpc.StatusCode.INTERNAL, Reason.ENGINE_ERROR, f"engine error: {e}") from e
+            raise self._engine_failure(engine, request_id, e) from e
         yield worker_pb2.InferEvent(final=worker_pb2.Final(
             choices=[finishes[i] for i in sorted(finishes)], usage=usage))
 
@@ -126,6 +129,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if not model or model != self.host.model_name:
             raise ServiceError(grpc.StatusCode.NOT_FOUND, Reason.MODEL_NOT_FOUND,
                                f"model {model!r} is not served here", metadata={"model": model})
+        if self.host.engine is not None and self.host.engine.errored:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, Reason.ENGINE_DIED,
+                               f"the engine of this replica of {model!r} stopped; it is being replaced",
+                               retry_after_s=ENGINE_DIED_RETRY_S)
         if not self.host.ready or self.host.engine is None:
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, Reason.NOT_READY,
                                f"model {model!r} is still loading", retry_after_s=1.0)
@@ -134,10 +141,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _admit(self, request_id: str) -> None:
         if request_id in self.inflight:
             raise invalid_parameter("request_id", f"request id {request_id!r} is already running")
-        if len(self.inflight) >= self.max_inflight:
-            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.OVERLOADED,
-                               "the worker is at its request limit", retry_after_s=1.0)
         self.inflight.add(request_id)
+
+    def _engine_failure(self, engine: Engine, request_id: str, e: Exception) -> ServiceError:
+        """A request the engine failed: retryable (UNAVAILABLE: another replica, or this one once Serve
+        has replaced it) when the engine itself died, else an engine error."""
+        if engine.errored:
+            log.warning("the engine died under %s: %s", request_id, e)
+            return ServiceError(grpc.StatusCode.UNAVAILABLE, Reason.ENGINE_DIED,
+                                "this replica's engine stopped; the request can be retried",
+                                retry_after_s=ENGINE_DIED_RETRY_S)
+        log.exception("engine failed on %s", request_id)
+        return ServiceError(grpc.StatusCode.INTERNAL, Reason.ENGINE_ERROR, f"engine error: {e}")
 
     def _check_context(self, engine: Engine, prompt: Prompt, sampling: Sampling) -> None:
         n, limit = len(prompt.token_ids), engine.max_model_len
@@ -191,21 +206,22 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if dims is not None and dims < 1:
             raise invalid_parameter("dimensions", "dimensions must be >= 1")
         try:
-            vectors, tokens = await engine.embed(inputs, dims)
+            async with self.gate.admitted(request.request_id or uuid.uuid4().hex):  # backpressure, as for Infer
+                vectors, tokens = await engine.embed(inputs, dims)
         except ServiceError:
             raise
         except Exception as e:
-            log.exception("engine failed on embed %s", request.request_id)
-            raise ServiceError(grpc.StatusCode.INTERNAL, Reason.ENGINE_ERROR, f"engine error: {e}") from e
+            raise self._engine_failure(engine, request.request_id, e) from e
         return worker_pb2.EmbedResponse(
             embeddings=[worker_pb2.Embedding(values=v) for v in vectors],
             usage=common_pb2.Usage(prompt_tokens=tokens))
 
     async def Cancel(self, request: worker_pb2.CancelRequest, context) -> worker_pb2.CancelResponse:
-        running = [rid for rid in dict.fromkeys(request.request_ids) if rid in self.inflight]
+        known = [rid for rid in dict.fromkeys(request.request_ids) if rid in self.inflight]
+        running = [rid for rid in known if not self.gate.cancel_waiting(rid)]  # queued ones end right here
         if running and self.host.engine is not None:
             await self.host.engine.abort(running)
-        return worker_pb2.CancelResponse(cancelled=running)
+        return worker_pb2.CancelResponse(cancelled=known)
 
     async def GetLoad(self, request: worker_pb2.GetLoadRequest, context) -> worker_pb2.LoadReport:
         engine = self.host.engine

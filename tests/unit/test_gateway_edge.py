@@ -17,6 +17,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from mship.common.v1 import common_pb2
 from tests.helpers import until
 from tests.platform_process import free_port
 from tests.unit.gateway_harness import (
@@ -187,12 +188,13 @@ async def test_dead_endpoint_is_retried_on_a_live_one(workers, gateway, oai):
 
 async def test_overloaded_replica_is_not_skipped_once_it_recovers(workers, gateway, client):
     busy, other = workers
-    busy.servicer.max_inflight = 0  # answers RESOURCE_EXHAUSTED / OVERLOADED
+    busy.servicer.gate.apply(common_pb2.ReplicaLimits())  # no place, no queue: RESOURCE_EXHAUSTED / OVERLOADED
     await gateway.on_loop(lambda: setattr(gateway.endpoint(other.address), "outstanding", 1))
     try:
         assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200  # retried elsewhere
         assert served_by(busy, other) == [0, 1]
-        busy.servicer.max_inflight = 8  # recovered; `other` still looks busier, so `busy` must get this one
+        # recovered; `other` still looks busier, so `busy` must get this one
+        busy.servicer.gate.apply(common_pb2.ReplicaLimits(max_ongoing_requests=8))
         assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
         assert served_by(busy, other) == [1, 1]
     finally:

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from mship.common.v1 import common_pb2
 from tests.helpers import until
 from tests.unit.gateway_harness import CHAT, MAX_BODY, MODEL, SERVER_ID, Gateway, served_by, sse
 
@@ -83,15 +84,15 @@ async def test_context_too_long_is_400_context_length_exceeded(workers, client):
     assert (err["code"], err["param"]) == ("context_length_exceeded", "prompt")
 
 
-async def test_all_replicas_overloaded_is_429_with_retry_after(workers, client, oai):
+async def test_all_replicas_overloaded_is_503_with_retry_after(workers, client, oai):
     for w in workers:
-        w.servicer.max_inflight = 0
+        w.servicer.gate.apply(common_pb2.ReplicaLimits())  # no engine place, no queue
     r = await client.post("/v1/chat/completions", json=CHAT)
-    err = error_of(r, 429)
-    assert (err["type"], err["code"], r.headers["retry-after"]) == ("rate_limit_error", "overloaded", "1")
+    err = error_of(r, 503)
+    assert (err["type"], err["code"], r.headers["retry-after"]) == ("server_error", "overloaded", "1")
     r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})  # before the first token
-    assert error_of(r, 429)["code"] == "overloaded"
-    with pytest.raises(openai.RateLimitError):
+    assert error_of(r, 503)["code"] == "overloaded"
+    with pytest.raises(openai.InternalServerError):
         await oai.chat.completions.create(model=MODEL, messages=CHAT["messages"])
 
 

@@ -18,6 +18,7 @@ from services.gateway.protocol_common.openai_error import (
     invalid_json,
     model_not_found,
     overloaded,
+    unavailable,
 )
 from services.gateway.protocol_common.validation import from_validation, param_path
 
@@ -45,8 +46,9 @@ TABLE = [
     (details(C.NOT_FOUND, "MODEL_NOT_FOUND"), 404, "invalid_request_error", "model_not_found", "model", None),
     (details(C.NOT_FOUND), 404, "invalid_request_error", "model_not_found", "model", None),
     (details(C.NOT_FOUND, "NOT_FOUND", "no such response"), 404, "invalid_request_error", "not_found", None, None),
-    (details(C.RESOURCE_EXHAUSTED, "OVERLOADED", retry=2.2), 429, "rate_limit_error", "overloaded", None, "3"),
-    (details(C.RESOURCE_EXHAUSTED), 429, "rate_limit_error", "overloaded", None, "1"),
+    (details(C.RESOURCE_EXHAUSTED, "OVERLOADED", retry=2.2), 503, "server_error", "overloaded", None, "3"),
+    (details(C.RESOURCE_EXHAUSTED), 503, "server_error", "overloaded", None, "1"),
+    (details(C.UNAVAILABLE, "ENGINE_DIED", retry=2.0), 503, "server_error", "service_unavailable", None, "2"),
     (details(C.UNAVAILABLE, "NOT_READY", retry=0.5), 503, "server_error", "model_not_ready", None, "1"),
     (details(C.UNAVAILABLE, retry=4), 503, "server_error", "service_unavailable", None, "4"),
     (details(C.UNAVAILABLE, "STORE_UNAVAILABLE"), 503, "server_error", "service_unavailable", None, "1"),
@@ -113,7 +115,7 @@ def test_from_a_real_service_error():
     assert (err.status, err.param, err.message) == (400, "top_p", "top_p must be in (0, 1]")
     busy = ServiceError(C.RESOURCE_EXHAUSTED, Reason.OVERLOADED, "busy", retry_after_s=1.5)
     err = from_grpc(ErrorDetails.from_rpc_error(FakeRpcError(busy)), "m")
-    assert (err.status, err.headers) == (429, {"Retry-After": "2"})
+    assert (err.status, err.headers) == (503, {"Retry-After": "2"})
 
 
 def test_helpers():
@@ -123,8 +125,8 @@ def test_helpers():
     assert model_not_found("x").body()["error"] == {
         "message": "The model 'x' does not exist or you do not have access to it.", "type": "invalid_request_error",
         "param": "model", "code": "model_not_found"}
-    assert (overloaded(0.1).status, overloaded(0.1).headers) == (429, {"Retry-After": "1"})
-    assert (overloaded(7, status=503).status, overloaded(7, status=503).headers) == (503, {"Retry-After": "7"})
+    assert (overloaded(0.1).status, overloaded(0.1).headers) == (503, {"Retry-After": "1"})
+    assert (unavailable(7).status, unavailable(7).headers) == (503, {"Retry-After": "7"})
     assert overloaded().headers == {"Retry-After": "1"}
 
 
@@ -178,7 +180,7 @@ def client() -> TestClient:
 
 def test_handler_openai_error_with_headers(client):
     r = client.post("/busy")
-    assert r.status_code == 429 and r.headers["retry-after"] == "3"
+    assert r.status_code == 503 and r.headers["retry-after"] == "3"
     assert r.json()["error"]["code"] == "overloaded"
 
 

@@ -36,6 +36,8 @@ def test_a_valid_model_set_parses(tmp_path):
     ("    rate_limits: {requests_per_minute: -1}\n", "models[0].rate_limits.requests_per_minute", "an integer"),
     ("    rate_limits: {rpm: 5}\n", "models[0].rate_limits.rpm", "unknown key"),
     ("    rate_limits: 5\n", "models[0].rate_limits", "expected a mapping"),
+    ("    max_ongoing_requests: 0\n", "models[0].max_ongoing_requests", "an integer >= 1"),
+    ("    max_queued_requests: -1\n", "models[0].max_queued_requests", "an integer >= 0"),
 ])
 def test_a_bad_entry_names_the_key_and_the_fix(tmp_path, entry, key, words):
     path = write(tmp_path, "models:\n  - name: chat\n    model: builtin:all-minilm-l6-v2\n" + entry)
@@ -64,3 +66,11 @@ def test_rate_limits_and_llama_runtime(tmp_path):
         load_model_set(write(tmp_path, "models:\n  - name: chat\n    model: /m/x.gguf\n    loader: llama_cpp\n"
                                        "    llama_runtime: thread\n"))
     assert e.value.key == "models[0].llama_runtime" and "server, in_process" in e.value.fix
+
+
+def test_backpressure_limits_are_kept_as_written_and_unset_when_absent(tmp_path):
+    (spec,) = load_model_set(write(tmp_path, "models:\n  - name: chat\n    model: builtin:tiny-qwen2\n"
+                                             "    max_ongoing_requests: 2\n    max_queued_requests: 0\n"))
+    assert (spec.max_ongoing_requests, spec.HasField("max_queued_requests"), spec.max_queued_requests) == (2, True, 0)
+    (spec,) = load_model_set(write(tmp_path, "models:\n  - name: chat\n    model: builtin:tiny-qwen2\n"))
+    assert not spec.HasField("max_ongoing_requests") and not spec.HasField("max_queued_requests")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from services.coordinator.fingerprint import app_name, version_of
@@ -65,3 +67,13 @@ def test_a_rate_limit_change_is_no_new_version_and_no_reload():
     both.rate_limits.tokens_per_minute = 1000
     plan = plan_deploy(running(spec("a")), request(both), {})
     assert plan.rescale["a"].rate_limits.tokens_per_minute == 1000 and not plan.relimit
+
+
+@pytest.mark.parametrize("field", ["max_ongoing_requests", "max_queued_requests"])
+def test_a_backpressure_change_is_no_new_version_and_no_reload(field):
+    limited = spec("a")
+    setattr(limited, field, 0 if field == "max_queued_requests" else 3)  # set, even to 0, differs from unset
+    assert version_of(limited) == version_of(spec("a"))
+    plan = plan_deploy(running(spec("a")), request(limited), {})
+    assert list(plan.relimit) == ["a"] and plan.relimit["a"].HasField(field)
+    assert not plan.add and not plan.rescale and not plan.unchanged

@@ -100,11 +100,11 @@ async def test_not_ready(served):
 async def test_overloaded(served):
     engine = ScriptedEngine(["a", "b"])
     engine.hold.clear()
-    stub = await served(engine, max_inflight=1)
+    stub = await served(engine, max_ongoing=1)
     first = stub.Infer(chat("hi", model="m", request_id="r1"))
     await first.read()  # admitted, parked before its last chunk
     err = await refusal(stub, chat("hi", model="m", request_id="r2"))
     assert_carries(err, ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.OVERLOADED,
-                                     "the worker is at its request limit", retry_after_s=1.0))
+                                     "this replica is at its limits (1 running, 0 queued)", retry_after_s=1.0))
     engine.hold.set()
     await first.read()  # the held request finishes normally

@@ -18,8 +18,8 @@ TOOL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 @pytest.fixture
 async def served():
-    async def start(engine: ScriptedEngine, *, ready: bool = True, max_inflight: int = 8):
-        worker = await serve_worker(engine, ready=ready, max_inflight=max_inflight)
+    async def start(engine: ScriptedEngine, *, ready: bool = True, max_ongoing: int = 8):
+        worker = await serve_worker(engine, ready=ready, max_ongoing=max_ongoing)
         servers.append(worker.server)
         channel = grpc.aio.insecure_channel(worker.address)
         channels.append(channel)
@@ -70,7 +70,7 @@ async def test_context_check_counts_max_tokens(served):
 async def test_admission_limit_and_duplicate_ids(served):
     engine = ScriptedEngine(["a", "b"])
     engine.hold.clear()
-    stub = await served(engine, max_inflight=1)
+    stub = await served(engine, max_ongoing=1)
     first = stub.Infer(chat("hi", model="m", request_id="r1"))
     await first.read()
     for request_id, reason in (("r1", "INVALID_PARAMETER"), ("r2", "OVERLOADED")):

@@ -243,27 +243,33 @@ class RegisterReplicaResponse(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("replica_id", "inflight_calls", "running_requests", "waiting_requests", "leaving")
+    __slots__ = ("replica_id", "inflight_calls", "running_requests", "waiting_requests", "leaving", "unhealthy", "limits")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_CALLS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     inflight_calls: int
     running_requests: int
     waiting_requests: int
     leaving: bool
-    def __init__(self, replica_id: _Optional[str] = ..., inflight_calls: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., leaving: _Optional[bool] = ...) -> None: ...
+    unhealthy: bool
+    limits: _common_pb2.ReplicaLimits
+    def __init__(self, replica_id: _Optional[str] = ..., inflight_calls: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., leaving: _Optional[bool] = ..., unhealthy: _Optional[bool] = ..., limits: _Optional[_Union[_common_pb2.ReplicaLimits, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("known",)
+    __slots__ = ("known", "limits")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     known: bool
-    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+    limits: _common_pb2.ReplicaLimits
+    def __init__(self, known: _Optional[bool] = ..., limits: _Optional[_Union[_common_pb2.ReplicaLimits, _Mapping]] = ...) -> None: ...
 
 class ModelRoute(_message.Message):
-    __slots__ = ("name", "version", "usecase", "max_model_len", "replicas", "embedding_dimension", "rate_limits")
+    __slots__ = ("name", "version", "usecase", "max_model_len", "replicas", "embedding_dimension", "rate_limits", "scale_to_zero")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     USECASE_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +277,7 @@ class ModelRoute(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_DIMENSION_FIELD_NUMBER: _ClassVar[int]
     RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
+    SCALE_TO_ZERO_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     usecase: _common_pb2.Usecase
@@ -278,17 +285,20 @@ class ModelRoute(_message.Message):
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
     embedding_dimension: int
     rate_limits: _common_pb2.RateLimits
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., usecase: _Optional[_Union[_common_pb2.Usecase, str]] = ..., max_model_len: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., embedding_dimension: _Optional[int] = ..., rate_limits: _Optional[_Union[_common_pb2.RateLimits, _Mapping]] = ...) -> None: ...
+    scale_to_zero: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., usecase: _Optional[_Union[_common_pb2.Usecase, str]] = ..., max_model_len: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., embedding_dimension: _Optional[int] = ..., rate_limits: _Optional[_Union[_common_pb2.RateLimits, _Mapping]] = ..., scale_to_zero: _Optional[bool] = ...) -> None: ...
 
 class RoutingSnapshot(_message.Message):
-    __slots__ = ("version", "models", "pending")
+    __slots__ = ("version", "models", "pending", "unhealthy")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_FIELD_NUMBER: _ClassVar[int]
     version: int
     models: _containers.RepeatedCompositeFieldContainer[ModelRoute]
     pending: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, version: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ..., pending: _Optional[_Iterable[str]] = ...) -> None: ...
+    unhealthy: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ..., pending: _Optional[_Iterable[str]] = ..., unhealthy: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Keepalive(_message.Message):
     __slots__ = ("version",)
@@ -384,16 +394,22 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., is_head: _Optional[bool] = ..., capabilities: _Optional[_Iterable[str]] = ..., resources: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "node_id", "endpoint", "state")
+    __slots__ = ("replica_id", "node_id", "endpoint", "state", "running_requests", "queued_requests", "limits")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     node_id: str
     endpoint: str
     state: str
-    def __init__(self, replica_id: _Optional[str] = ..., node_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
+    running_requests: int
+    queued_requests: int
+    limits: _common_pb2.ReplicaLimits
+    def __init__(self, replica_id: _Optional[str] = ..., node_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., state: _Optional[str] = ..., running_requests: _Optional[int] = ..., queued_requests: _Optional[int] = ..., limits: _Optional[_Union[_common_pb2.ReplicaLimits, _Mapping]] = ...) -> None: ...
 
 class ModelStatus(_message.Message):
     __slots__ = ("name", "version", "replicas")
@@ -412,6 +428,20 @@ class PendingModel(_message.Message):
     name: str
     reason: str
     def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RequestReplicaRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class RequestReplicaResponse(_message.Message):
+    __slots__ = ("starting", "reason")
+    STARTING_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    starting: bool
+    reason: str
+    def __init__(self, starting: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
     __slots__ = ("nodes", "models", "pending")

@@ -94,6 +94,11 @@ class CoordinatorStub:
                 request_serializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
+        self.RequestReplica = channel.unary_unary(
+                '/mship.coordinator.v1.Coordinator/RequestReplica',
+                request_serializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.RequestReplicaRequest.SerializeToString,
+                response_deserializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.RequestReplicaResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -179,6 +184,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RequestReplica(self, request, context):
+        """A gateway holds a request for a model scaled to zero: start a replica (returns at once; the
+        replica appears in routing once it serves).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -241,6 +254,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ClusterStatusRequest.FromString,
                     response_serializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ClusterStatusResponse.SerializeToString,
+            ),
+            'RequestReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequestReplica,
+                    request_deserializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.RequestReplicaRequest.FromString,
+                    response_serializer=mship_dot_coordinator_dot_v1_dot_coordinator__pb2.RequestReplicaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -567,6 +585,33 @@ class Coordinator:
             '/mship.coordinator.v1.Coordinator/ClusterStatus',
             mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ClusterStatusRequest.SerializeToString,
             mship_dot_coordinator_dot_v1_dot_coordinator__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequestReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mship.coordinator.v1.Coordinator/RequestReplica',
+            mship_dot_coordinator_dot_v1_dot_coordinator__pb2.RequestReplicaRequest.SerializeToString,
+            mship_dot_coordinator_dot_v1_dot_coordinator__pb2.RequestReplicaResponse.FromString,
             options,
             channel_credentials,
             insecure,

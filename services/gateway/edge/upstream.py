@@ -15,6 +15,7 @@ from services.gateway.protocol_common.openai_error import (
     model_not_found,
     overloaded,
     retry_after_header,
+    unavailable,
 )
 
 log = logging.getLogger(__name__)
@@ -40,12 +41,12 @@ def from_grpc(details: ErrorDetails, model: str | None, *, input_param: str = "m
     if reason == "CONTEXT_TOO_LONG":
         return OpenAIError(400, message, param=input_param, code="context_length_exceeded")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED or reason == "OVERLOADED":
-        return overloaded(details.retry_after_s, status=429)
+        return overloaded(details.retry_after_s)
     if code == grpc.StatusCode.UNAVAILABLE:
         if reason == "NOT_READY":
             return OpenAIError(503, f"The model '{model or ''}' is loading, please retry shortly.", type=SERVER_ERROR,
                                code="model_not_ready", headers=retry_after_header(details.retry_after_s))
-        return overloaded(details.retry_after_s, status=503)
+        return unavailable(details.retry_after_s)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return OpenAIError(504, "The request timed out.", type=SERVER_ERROR, code="timeout")
     if code == grpc.StatusCode.CANCELLED:

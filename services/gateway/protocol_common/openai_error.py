@@ -61,13 +61,18 @@ def retry_after_header(retry_after_s: float | None) -> dict[str, str]:
     return {"Retry-After": str(seconds)}
 
 
-def overloaded(retry_after_s: float | None = None, *, status: int = 429) -> OpenAIError:
-    """The model is at capacity (429) or not serving right now (503); both carry Retry-After."""
-    if status == 503:
-        return OpenAIError(503, "The model is temporarily unavailable, please try again later.", type=SERVER_ERROR,
-                           code="service_unavailable", headers=retry_after_header(retry_after_s))
-    return OpenAIError(429, "The model is currently overloaded with other requests, please retry after a short wait.",
-                       type=RATE_LIMIT, code="overloaded", headers=retry_after_header(retry_after_s))
+def overloaded(retry_after_s: float | None = None) -> OpenAIError:
+    """Every replica of the model is at its backpressure limits (running and queued): 503 with
+    Retry-After, at once. (A caller over its own rate limits gets 429 from admission instead.)"""
+    return OpenAIError(503, "The model is at capacity: every replica is at its request limits. Please retry after "
+                       "the Retry-After delay.", type=SERVER_ERROR, code="overloaded",
+                       headers=retry_after_header(retry_after_s))
+
+
+def unavailable(retry_after_s: float | None = None) -> OpenAIError:
+    """The model is not serving right now (no live replica, routes not received yet): 503 with Retry-After."""
+    return OpenAIError(503, "The model is temporarily unavailable, please try again later.", type=SERVER_ERROR,
+                       code="service_unavailable", headers=retry_after_header(retry_after_s))
 
 
 def internal_error() -> OpenAIError:

@@ -1,0 +1,54 @@
+"""A call to a model autoscaled to zero (services/common/routes.py `RouteTable.cold_start`): it asks
+the coordinator for a replica once, however many calls wait, and goes on when a snapshot routes to
+one; past its bound it gives up (the edge answers 503 + Retry-After)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from mship.common.v1 import common_pb2
+from mship.coordinator.v1 import coordinator_pb2 as cpb
+from services.common.routes import RouteTable
+
+
+def snapshot(version: int, replicas: int) -> cpb.RoutingSnapshot:
+    route = cpb.ModelRoute(name="idle", version="v1", scale_to_zero=True, replicas=[
+        cpb.ReplicaInfo(replica_id=f"r{i}", endpoint=common_pb2.Endpoint(host="127.0.0.1", port=40000 + i))
+        for i in range(replicas)])
+    return cpb.RoutingSnapshot(version=version, models=[route])
+
+
+async def test_waiting_calls_ask_once_and_go_on_when_a_replica_is_routed():
+    table = RouteTable()
+    table.apply(snapshot(1, 0))
+    asked: list[str] = []
+    started = asyncio.Event()
+
+    async def request_replica(model: str) -> None:
+        asked.append(model)
+        started.set()
+
+    table.request_replica = request_replica
+    waits = [asyncio.create_task(table.cold_start("idle")) for _ in range(3)]
+    await started.wait()
+    table.apply(snapshot(2, 0))  # another change, still no replica: they keep waiting
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waits)
+    table.apply(snapshot(3, 1))
+    results = await asyncio.gather(*waits)
+    assert [[e.address for e in r] for r in results] == [["127.0.0.1:40000"]] * 3
+    assert asked == ["idle"]
+    await table.close()
+
+
+async def test_a_cold_start_gives_up_at_its_bound_and_a_model_that_stopped_scaling_to_zero_at_once():
+    table = RouteTable()
+    table.cold_start_timeout_s = 0.05
+    table.apply(snapshot(1, 0))
+    assert await table.cold_start("idle") == []  # nobody to ask (no watcher): waits its bound, then gives up
+    table.cold_start_timeout_s = 30
+    wait = asyncio.create_task(table.cold_start("idle"))
+    await asyncio.sleep(0)
+    table.apply(cpb.RoutingSnapshot(version=2))  # removed meanwhile
+    assert await asyncio.wait_for(wait, 5) == []
+    await table.close()
