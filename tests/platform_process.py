@@ -20,7 +20,7 @@ from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.coordinator.v1 import coordinator_pb2_grpc
 from mship.state.v1 import state_pb2, state_pb2_grpc
 from services.common.channels import sync_channel
-from services.common.vocabulary import ENV_RAY_AUTH_TOKEN
+from services.common.vocabulary import ENV_CACHE_DIR, ENV_RAY_AUTH_TOKEN
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,6 +58,7 @@ class PlatformProcess:
     coordinator_port: int
     state_port: int
     gcs_port: int
+    metrics_port: int = 0  # the head node's Prometheus port
     token: str | None = None  # the cluster token when started with --enable-ray-auth
     api_key: str | None = None  # a key the platform accepts (None: it runs without keys)
 
@@ -82,24 +83,29 @@ class PlatformProcess:
     def start(cls, config: Path | None, log_path: Path, *, gateway_replicas: int | None = 2,
               state_store: str | None = None,
               env: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> PlatformProcess:
-        ports = [free_port() for _ in range(4)]  # every platform its own, GCS included: they run side by side
+        ports = [free_port() for _ in range(5)]  # every platform its own, GCS included: they run side by side
         cmd = [sys.executable, "-m", "clients.cli", "start", *(["--config", str(config)] if config else []),
                "--http-port", str(ports[0]), "--coordinator-port", str(ports[1]), "--state-port", str(ports[2]),
                "--gcs-port", str(ports[3]),
                *(["--gateway-replicas", str(gateway_replicas)] if gateway_replicas else []),
-               *(["--state-store", state_store] if state_store else []), *extra]
+               "--metrics-port", str(ports[4]), *(["--state-store", state_store] if state_store else []), *extra]
         log = open(log_path, "w")
         # Its own process group (signals from a terminal's Ctrl-C stay out) but the caller's session:
         # with sched_autogroup a session is a CPU scheduling group, and the test client in a session
         # of its own waited 100-800 ms for a CPU next to the busy platform.
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {})}, process_group=0)
-        return cls(proc, log_path, *ports, token=(env or {}).get(ENV_RAY_AUTH_TOKEN))
+        return cls(proc, log_path, *ports[:4], metrics_port=ports[4], token=(env or {}).get(ENV_RAY_AUTH_TOKEN))
 
     # ---- the coordinator's and the state service's view, over their real gRPC APIs ----
     def _coordinator(self, call: str, request, timeout_s: float = 30):
         with sync_channel(self.coordinator, token=self.token) as channel:
             return getattr(coordinator_pb2_grpc.CoordinatorStub(channel), call)(request, timeout=timeout_s)
+
+    def sd_file(self) -> Path:
+        """The head's Prometheus file_sd file (services/launcher.py PlatformConfig.service_discovery_file)."""
+        root = Path(os.environ.get(ENV_CACHE_DIR) or Path.home() / ".cache" / "mship")
+        return root / "run" / f"prometheus-sd-{self.coordinator_port}.json"
 
     def routing(self) -> cpb.RoutingSnapshot:
         with sync_channel(self.coordinator, token=self.token) as channel:
@@ -113,6 +119,9 @@ class PlatformProcess:
 
     def models(self) -> cpb.ListModelsResponse:
         return self._coordinator("ListModels", cpb.ListModelsRequest(include_serve_apps=True))
+
+    def cluster_status(self) -> cpb.ClusterStatusResponse:
+        return self._coordinator("ClusterStatus", cpb.ClusterStatusRequest())
 
     def leases(self) -> list[cpb.LeaseRecord]:
         return list(self._coordinator("ListLeases", cpb.ListLeasesRequest()).leases)

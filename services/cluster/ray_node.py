@@ -47,6 +47,8 @@ class NodeConfig:
     resources: dict[str, float] = field(default_factory=dict)
     token: str | None = None              # the cluster token (Ray token auth), None: auth off
     drain_timeout_s: float = 30.0         # SIGTERM: how long Serve may move this node's replicas
+    labels: dict[str, str] = field(default_factory=dict)  # Ray node labels (e.g. its metrics port)
+    extra_env: dict[str, str] = field(default_factory=dict)  # what every process of the node inherits
 
     def command(self) -> list[str]:
         host = self.node_ip or "0.0.0.0"
@@ -65,10 +67,12 @@ class NodeConfig:
                 cmd += [flag, str(int(value) if isinstance(value, float) and value.is_integer() else value)]
         if self.resources:
             cmd += ["--resources", json.dumps(self.resources)]
+        if self.labels:
+            cmd += ["--labels", ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))]
         return cmd
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
-        env = {**base, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(self.drain_timeout_s)}
+        env = {**base, **self.extra_env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(self.drain_timeout_s)}
         env.pop("RAY_AUTH_TOKEN", None)
         # Always explicit: with RAY_AUTH_MODE unset, Ray 2.60 turns token auth on by itself when
         # ~/.ray/auth_token exists (a head the platform's own driver then cannot join).

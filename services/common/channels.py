@@ -1,8 +1,9 @@
 """Every gRPC channel to a platform service opens here, so each carries the platform token.
 
-With no token configured (auth off) a channel is a plain insecure one: no interceptor on the hot
-path. With one, a client interceptor adds `authorization: Bearer <token>` to every call (the
-gateway's and the Python client's Infer streams included).
+With no token configured (auth off) and tracing off a channel is a plain insecure one: no
+interceptor on the hot path. With a token, a client interceptor adds `authorization: Bearer <token>`
+to every call (the gateway's and the Python client's Infer streams included); when the process
+traces (services/common/tracing.py), the span interceptors come first and add `traceparent`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import grpc
 
 from services.common.auth import bearer, platform_token
+from services.common.tracing import aio_client_interceptors, traced_sync_channel
 
 Options = Sequence[tuple[str, Any]]
 
@@ -21,14 +23,14 @@ Options = Sequence[tuple[str, Any]]
 def aio_channel(address: str, options: Options = (), token: str | None = None) -> grpc.aio.Channel:
     """A grpc.aio channel to `address` sending `token` (default: this node's platform token)."""
     token = token or platform_token()
-    interceptors = aio_bearer_interceptors(token) if token else None
-    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
+    interceptors = [*aio_client_interceptors(), *(aio_bearer_interceptors(token) if token else ())]
+    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors or None)
 
 
 def sync_channel(address: str, options: Options = (), token: str | None = None) -> grpc.Channel:
     """A blocking channel (the CLI's) to `address` sending `token` (default: the platform token)."""
     token = token or platform_token()
-    channel = grpc.insecure_channel(address, options=list(options))
+    channel = traced_sync_channel(grpc.insecure_channel(address, options=list(options)))
     return grpc.intercept_channel(channel, SyncBearerInterceptor(token)) if token else channel
 
 

@@ -5,6 +5,7 @@ and the Python client."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -80,15 +81,23 @@ class InferStream:
     def __init__(self, endpoint: Endpoint, call: grpc.aio.UnaryStreamCall, table: RouteTable | None = None) -> None:
         self.endpoint, self._call, self._table = endpoint, call, table
         self._first: pb.InferEvent | None = None
-        self._closed = False
+        self.closed = False
+        # What metrics read at the end (monotonic times; a count and a clock read per event, no more).
+        self.first_at = self.last_at = 0.0
+        self.events = 0
+        self.last: pb.InferEvent | None = None  # the latest event read (its Final: the stream is complete)
+        self.ended = False  # the worker ended the stream, well or with an error (not cut short here)
         endpoint.outstanding += 1
 
     async def _read_first(self) -> bool:
         """Wait for the first event; False when the worker ended the stream without one."""
         first = await self._call.read()
         if first is grpc.aio.EOF:
+            self.ended = True
             return False
-        self._first = first
+        self._first = self.last = first
+        self.first_at = self.last_at = time.monotonic()
+        self.events = 1
         return True
 
     async def __aiter__(self) -> AsyncIterator[pb.InferEvent]:
@@ -98,16 +107,25 @@ class InferStream:
             try:
                 event = await self._call.read()
             except grpc.aio.AioRpcError as e:
+                self.ended = True
                 if e.code() == grpc.StatusCode.UNAVAILABLE and self._table is not None:
                     self._table.mark_bad(self.endpoint)  # the replica went away mid-stream
                 raise UpstreamError(ErrorDetails.from_rpc_error(e)) from e
             if event is grpc.aio.EOF:
+                self.ended = True
                 return
+            self.events += 1
+            self.last_at, self.last = time.monotonic(), event
             yield event
 
+    @property
+    def cut_short(self) -> bool:
+        """Closed here before the worker's Final (and before it ended the stream)."""
+        return not self.ended and not (self.last is not None and self.last.HasField("final"))
+
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
+        if not self.closed:
+            self.closed = True
             self.endpoint.outstanding -= 1  # first: a cancel that raises must not keep the count
             self._call.cancel()
 

@@ -2,7 +2,8 @@
 
 `ErrorInterceptor` is the one place where a raised `ServiceError` becomes the call's rich status
 (code + google.rpc details): servicers only raise. `TokenAuthInterceptor` runs before it and
-refuses through the same mechanism; metrics will sit beside them.
+refuses through the same mechanism. `RequestIdInterceptor` gives the handler the caller's
+`x-request-id` (for its log lines).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 from services.common.auth import HEALTH_PREFIX, UNAUTHENTICATED_MESSAGE, platform_token
 from services.common.errors import Reason, ServiceError
+from services.common.logs import REQUEST_ID_METADATA, clean_request_id, request_id
+from services.common.tracing import server_interceptors as tracing_interceptors
 
 log = logging.getLogger(__name__)
 
@@ -101,20 +104,53 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         return _rebuilt(handler, lambda _, wrap: wrap(_refuse_stream if wrap is _streaming else _refuse))
 
 
+def _request_id_of(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_METADATA:
+            return clean_request_id(value)
+    return ""
+
+
+def _with_request_id(behavior: Callable[..., Any], wrap: Callable[..., Any]) -> Callable[..., Any]:
+    if wrap is _streaming:
+        async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            request_id.set(_request_id_of(context))  # this handler's own context: nothing to reset
+            async for message in behavior(request, context):
+                yield message
+        return streaming
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        request_id.set(_request_id_of(context))
+        return await behavior(request, context)
+    return unary
+
+
+class RequestIdInterceptor(grpc.aio.ServerInterceptor):
+    """The caller's `x-request-id` metadata becomes the handler's request id (its log lines)."""
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return _rebuilt(await continuation(details), _with_request_id)
+
+
 def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
-    """The interceptors every mship gRPC server is built with, outermost first: the token check
-    (when the cluster has one) refuses before anything else runs."""
+    """The interceptors every mship gRPC server is built with, outermost first: the call's span
+    (when this process traces: services/common/tracing.py), then the token check (when the cluster
+    has one) refuses before anything else runs."""
     token = platform_token()
-    return [*([TokenAuthInterceptor(token)] if token else []), ErrorInterceptor()]
+    return [*tracing_interceptors(), *([TokenAuthInterceptor(token)] if token else []), RequestIdInterceptor(),
+            ErrorInterceptor()]
 
 
 def platform_server(add_servicer: Callable[[Any, grpc.aio.Server], None], servicer: Any,
                     options: Sequence[tuple[str, Any]] = (),
-                    health_servicer: health.aio.HealthServicer | None = None) -> grpc.aio.Server:
+                    health_servicer: health.aio.HealthServicer | None = None,
+                    outer: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
     """A grpc.aio server (not bound, not started) with the platform's interceptors, `servicer`
     (registered by its generated `add_*Servicer_to_server`) and, given one, grpc.health.v1: every
-    mship service builds its server here, so a new interceptor reaches all of them at once."""
-    server = grpc.aio.server(interceptors=server_interceptors(), options=list(options))
+    mship service builds its server here, so a new interceptor reaches all of them at once. `outer`:
+    a service's own interceptors (its metrics), outside the platform's."""
+    server = grpc.aio.server(interceptors=[*outer, *server_interceptors()], options=list(options))
     add_servicer(servicer, server)
     if health_servicer is not None:
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -57,6 +57,13 @@ ENV_COMPACTION_KEY = "MSHIP_COMPACTION_KEY"      # base64 of 32 bytes, shared by
 ENV_RAY_AUTH_TOKEN = "MSHIP_RAY_AUTH_TOKEN"      # the cluster token: Ray's, and the platform's own gRPC
 ENV_BREAKER_FAILURES = "MSHIP_BREAKER_FAILURES"    # consecutive failures that take an endpoint out (3)
 ENV_BREAKER_COOLDOWN_S = "MSHIP_BREAKER_COOLDOWN_S"  # how long it stays out before a health probe (5)
+# Telemetry: set per node (the Ray node's environment, which its replicas inherit), not per job.
+ENV_LOG_FORMAT = "MSHIP_LOG_FORMAT"      # text (default) | json
+ENV_LOG_LEVEL = "MSHIP_LOG_LEVEL"        # DEBUG | INFO (default) | WARNING | ERROR
+ENV_LOG_TARGET = "MSHIP_LOG_TARGET"      # syslog://host:port (UDP) | syslog+tcp://host:port; unset: stderr
+ENV_OTEL_ENDPOINT = "MSHIP_OTEL_ENDPOINT"  # OTLP/gRPC collector host:port; unset: tracing off
+ENV_NO_METRICS = "MSHIP_NO_METRICS"     # 1: record no per-request metrics at the edge (`--no-metrics`)
+ENV_METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's (and vLLM's) multiprocess directory
 ENV_NODE_CAPABILITIES = "MSHIP_NODE_CAPABILITIES"  # JSON list of loaders this node runs (overrides probes)
 
 # Passed from `mship start` to every replica of the job. (Not the token: every node's Ray processes

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from services.common.event_log import EventLog
+from services.coordinator.metrics import DEPLOYS, OUTCOMES
 
 TERMINAL = (pb.DEPLOY_STATE_SUCCEEDED, pb.DEPLOY_STATE_FAILED, pb.DEPLOY_STATE_CANCELLED)
 KEEP_FINISHED = 64  # finished deploys kept for GetDeployment, oldest dropped first
@@ -40,6 +41,7 @@ class DeployRecord:
             self.state = state
             if state in TERMINAL:
                 self.finished_at = time.time()
+                DEPLOYS.labels(OUTCOMES[state]).inc()
         if model is not None:
             self.models[model.name] = model
         event = pb.DeployEvent(deploy_id=self.deploy_id, state=self.state, message=message)

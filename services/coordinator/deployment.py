@@ -15,6 +15,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 from ray import serve
 
+from services.common.logs import configure_logging
+from services.common.tracing import configure_tracing
 from services.coordinator.deployer import Deployer
 from services.coordinator.leases import LeaseManager
 from services.coordinator.recovery import recover
@@ -35,6 +37,8 @@ RECOVERY_WAIT_S = 3 * HEARTBEAT_INTERVAL_S + 2.0  # for the running replicas to 
 class CoordinatorDeployment:
     async def __init__(self, host: str, port: int, state_address: str, advertise: str | None = None,
                        expected: list[str] | None = None) -> None:
+        configure_logging("coordinator")
+        configure_tracing("coordinator")
         self.address = advertise or f"{host}:{port}"  # what workers dial: never a wildcard bind address
         self.expected = list(expected or [])  # what `mship start` was asked to serve
         self.state = StateClient(state_address)

@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 
 from mship.coordinator.v1 import coordinator_pb2 as pb
+from services.coordinator.metrics import LEASE_WAIT
 
 HISTORY = 256  # lease records kept, oldest dropped first
 
@@ -42,12 +43,14 @@ class LeaseManager:
             self._end(lease.lease_id, pb.LEASE_END_EXPIRED, lease.expires_at)
 
     async def acquire(self, node_id: str, holder: str, ttl_s: float, wait_s: float) -> NodeLease | None:
-        deadline = time.monotonic() + max(0.0, wait_s)
+        started = time.monotonic()
+        deadline = started + max(0.0, wait_s)
         async with self._changed:
             while True:
                 self._expire(node_id)
                 current = self._held.get(node_id)
                 if current is None or current.holder == holder:
+                    LEASE_WAIT.observe(time.monotonic() - started)
                     return self._grant(node_id, holder, ttl_s, current)
                 remaining = min(deadline, current.deadline) - time.monotonic()
                 if time.monotonic() >= deadline:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from services.common.limits import replica_limits
+from services.coordinator import metrics
 
 
 @dataclass
@@ -57,12 +58,26 @@ class ReplicaRegistry:
         # the first snapshot, so readiness is never claimed before what the operator asked for serves.
         self.expected: set[str] = set()
         self._changed = asyncio.Condition()
+        self._exported: set[str] = set()  # models whose replica gauges were set
 
     # ---- mutations (each bumps the version once) -------------------------------------------
     async def _bump(self) -> None:
         async with self._changed:
             self.version += 1
             self._changed.notify_all()
+        self._export()
+
+    def _export(self) -> None:
+        """The routing version and the replicas per model and state, as metrics (on every change)."""
+        metrics.ROUTING_VERSION.set(self.version)
+        for name in self._exported - set(self.active):  # no longer routed: nothing of it is left
+            for state in metrics.STATES:
+                metrics.REPLICAS.labels(name, state).set(0)
+        self._exported = set(self.active)
+        for name, active in self.active.items():
+            states = [self.state_of(r) for r in self.replicas_of(name, active.version)]
+            for state in metrics.STATES:
+                metrics.REPLICAS.labels(name, state).set(states.count(state))
 
     async def register(self, info: pb.ReplicaInfo) -> None:
         old = self.replicas.get(info.replica_id)

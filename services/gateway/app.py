@@ -12,11 +12,13 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from services.common.routes import RouteTable
+from services.common.tracing import instrument_app
 from services.common.vocabulary import (
     ENV_AUDIT_CONTENT,
     ENV_AUDIT_LOG,
     ENV_CORS_ORIGINS,
     ENV_MAX_REQUEST_BODY_BYTES,
+    ENV_NO_METRICS,
     ENV_RATE_LIMITS_FILE,
 )
 from services.gateway.admission.admission import Admission
@@ -31,6 +33,8 @@ from services.gateway.edge.audit import AuditMiddleware, AuditSink
 from services.gateway.edge.auth import AuthMiddleware
 from services.gateway.edge.errors import install_handlers
 from services.gateway.edge.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
+from services.gateway.edge.metrics import MetricsMiddleware
+from services.gateway.edge.request_id import RequestIdMiddleware
 from services.gateway.embeddings.router import embeddings_router
 from services.gateway.embeddings.serving import EmbeddingServing
 from services.gateway.identity import Authenticator
@@ -65,6 +69,7 @@ class GatewaySettings:
     rate_store: str = "memory://"  # redis://...: counters shared by every gateway replica
     audit_log: str = field(default_factory=lambda: os.environ.get(ENV_AUDIT_LOG, ""))  # a path, "-", or off
     audit_content: bool = field(default_factory=lambda: os.environ.get(ENV_AUDIT_CONTENT) == "1")
+    metrics: bool = field(default_factory=lambda: os.environ.get(ENV_NO_METRICS) != "1")  # `--no-metrics`
 
 
 def open_buckets(url: str) -> BucketStore:
@@ -79,7 +84,8 @@ def create_app(table: RouteTable, settings: GatewaySettings, responses: Response
     loop, with `enable_responses(app, serving)` (with `app.state.admission`, the app's rate limits)."""
     app = FastAPI(title="mship", docs_url=None, redoc_url=None, openapi_url=None)
     install_handlers(app)
-    # Outermost last: CORS answers preflights (and marks 401s) -> audit -> auth -> the bounded body -> routes.
+    # Outermost last: the request id -> metrics -> CORS answers preflights (and marks 401s) -> audit ->
+    # auth -> the bounded body -> routes.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(AuthMiddleware, authenticator=authenticator or Authenticator.from_env())
     audit = AuditSink(settings.audit_log) if settings.audit_log else None
@@ -90,6 +96,10 @@ def create_app(table: RouteTable, settings: GatewaySettings, responses: Response
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_credentials=not wildcard,
                            allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"],
                            expose_headers=EXPOSED_HEADERS, max_age=600)
+    if settings.metrics:
+        app.add_middleware(MetricsMiddleware)
+    app.add_middleware(RequestIdMiddleware)
+    instrument_app(app)  # the HTTP span, outermost, when this process traces; nothing otherwise
     admission = Admission(table, open_buckets(settings.rate_store),
                           RateLimitOverrides(os.environ.get(ENV_RATE_LIMITS_FILE) or None),
                           record_usage=audit is not None)

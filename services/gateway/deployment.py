@@ -8,8 +8,10 @@ import logging
 
 from ray import serve
 
+from services.common.logs import configure_logging
 from services.common.routes import RouteTable, RoutingWatcher
 from services.common.sighup import ignore_sighup
+from services.common.tracing import configure_tracing
 from services.gateway.app import GatewaySettings, create_app
 from services.gateway.edge.http_server import ReusePortServer
 from services.gateway.responses.compaction import CompactionCodec
@@ -34,6 +36,8 @@ ROUTES_TIMEOUT_S = 60.0
 class GatewayDeployment:
     async def __init__(self, host: str, port: int, coordinator: str, state_address: str | None = None,
                        max_body_bytes: int | None = None, rate_store: str = "memory://") -> None:
+        configure_logging("gateway")
+        configure_tracing("gateway")
         ignore_sighup()  # files re-read on change; a SIGHUP after editing one must not end the replica
         settings = GatewaySettings(coordinator=coordinator, rate_store=rate_store)
         if max_body_bytes:

@@ -19,8 +19,10 @@ import grpc
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.infer import InferStream, UpstreamError, call_unary, open_infer
+from services.common.logs import outgoing_metadata
 from services.common.routes import Endpoint, RouteTable
 from services.gateway.admission.admission import FREE, Ticket
+from services.gateway.edge.metrics import record_generation, waiting
 from services.gateway.edge.upstream import from_grpc
 from services.gateway.identity import IDENTITY_METADATA
 from services.gateway.protocol_common.openai_error import OpenAIError, model_not_found, unavailable
@@ -31,9 +33,10 @@ CANCEL_TIMEOUT_S = 5.0
 _QUIET_CANCEL_FAILURES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND}
 
 
-def identity_metadata(identity: str) -> tuple[tuple[str, bytes], ...]:
-    """The caller's identity for the worker (binary metadata: an identity may be any text)."""
-    return ((IDENTITY_METADATA, identity.encode()),) if identity else ()
+def call_metadata(identity: str) -> tuple[tuple[str, str | bytes], ...]:
+    """A worker call's metadata: the caller's identity (binary metadata: an identity may be any
+    text) and the request's id."""
+    return (((IDENTITY_METADATA, identity.encode()),) if identity else ()) + outgoing_metadata()
 
 
 _USECASE_REFUSALS = {
@@ -84,6 +87,9 @@ class Generation:
         return from_grpc(e.details, self.model, input_param=self.input_param)
 
     def close(self) -> None:
+        if not self.stream.closed:
+            s = self.stream
+            record_generation(self.model, s.first_at, s.last_at, s.events, cut_short=s.cut_short)
         self.stream.close()
         self.ticket.settle(self.used_tokens)
 
@@ -93,13 +99,19 @@ async def open_generation(table: RouteTable, model: str, infer: pb.InferRequest,
     """Start the worker call and wait for its first event. `input_param` names the endpoint's
     prompt field (`messages`, `prompt`, `input`) in a context-too-long error; `ticket` is the
     request's admission (a call that does not start gives its reservation back). Raises OpenAIError."""
+    queue = waiting(model)
+    if queue is not None:
+        queue.inc()
     try:
-        stream = await open_infer(table, model, infer, timeout_s, identity_metadata(identity))
+        stream = await open_infer(table, model, infer, timeout_s, call_metadata(identity))
     except BaseException as e:
         ticket.settle(0)
         if isinstance(e, UpstreamError):
             raise from_grpc(e.details, model, input_param=input_param) from e
         raise
+    finally:
+        if queue is not None:
+            queue.dec()
     return Generation(stream, model, input_param, ticket)
 
 
@@ -128,7 +140,7 @@ async def embed(table: RouteTable, model: str, request: pb.EmbedRequest, *,
     caller cancels the call. Raises OpenAIError."""
     used = 0
     try:
-        metadata = identity_metadata(identity)
+        metadata = call_metadata(identity)
         reply = await call_unary(table, model, lambda e: e.stub.Embed(request, timeout=timeout_s, metadata=metadata))
         used = reply.usage.prompt_tokens
         return reply

@@ -24,6 +24,7 @@ from mship.state.v1 import state_pb2 as pb
 from mship.state.v1 import state_pb2_grpc
 from services.common.channels import aio_channel
 from services.common.errors import ErrorDetails
+from services.common.logs import outgoing_metadata
 
 ACTIVE = (pb.RUN_STATUS_QUEUED, pb.RUN_STATUS_IN_PROGRESS)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -103,7 +104,7 @@ class StateClient:
 
     async def _unary(self, method, request):
         try:
-            return await method(request, timeout=self.timeout_s)
+            return await method(request, timeout=self.timeout_s, metadata=outgoing_metadata() or None)
         except grpc.aio.AioRpcError as e:
             raise StateError.of(e) from e
 

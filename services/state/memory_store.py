@@ -22,6 +22,8 @@ Key = tuple[str, str]
 
 
 class MemoryStore(Store):
+    backend = "memory"
+
     def __init__(self, clock: Callable[[], float] | None = None, follow_poll_s: float = 1.0) -> None:
         super().__init__(**({"clock": clock} if clock else {}), follow_poll_s=follow_poll_s)
         self._data: dict[str, bytes] = {}

@@ -54,6 +54,8 @@ def _event(entry_id: bytes, fields: dict[bytes, bytes]) -> pb.RunEvent:
 
 
 class RedisStore(Store):
+    backend = "redis"
+
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         parsed = urlparse(url)

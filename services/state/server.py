@@ -12,6 +12,7 @@ from mship.state.v1 import state_pb2_grpc
 from services.common.errors import ServiceError
 from services.common.interceptors import platform_server
 from services.state.backends import open_store
+from services.state.metrics import StateMetricsInterceptor
 from services.state.servicer import StateServicer
 from services.state.store import Store
 
@@ -25,10 +26,11 @@ SWEEP_INTERVAL_S = 5.0
 
 
 def state_server(servicer: state_pb2_grpc.StateServicer,
-                 health_servicer: health.aio.HealthServicer | None = None) -> grpc.aio.Server:
+                 health_servicer: health.aio.HealthServicer | None = None, backend: str = "") -> grpc.aio.Server:
     """A state gRPC server (not bound, not started): the one construction the deployment and the
     tests share."""
-    return platform_server(state_pb2_grpc.add_StateServicer_to_server, servicer, SERVER_OPTIONS, health_servicer)
+    return platform_server(state_pb2_grpc.add_StateServicer_to_server, servicer, SERVER_OPTIONS, health_servicer,
+                           outer=[StateMetricsInterceptor(backend)])
 
 
 async def serve_store(store: Store, host: str, port: int, *,
@@ -37,7 +39,7 @@ async def serve_store(store: Store, host: str, port: int, *,
     the server stops, runs whose owner's lease passed are swept to FAILED every sweep_interval_s
     (None: only on read and on ExpireRuns); when it stops, the store is closed."""
     health_servicer = health.aio.HealthServicer()
-    server = state_server(StateServicer(store), health_servicer)
+    server = state_server(StateServicer(store), health_servicer, store.backend)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

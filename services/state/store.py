@@ -67,6 +67,8 @@ def snapshot_bytes(response: pb.StoredResponse, now: float, created_at: float = 
 
 
 class Store(abc.ABC):
+    backend = ""  # its name in metrics: memory | redis
+
     def __init__(self, clock: Callable[[], float] = time.time, follow_poll_s: float = 1.0) -> None:
         self.clock = clock
         # How often a follower with nothing new re-checks its run (finished without a terminal

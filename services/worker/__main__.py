@@ -11,6 +11,8 @@ import logging
 import signal
 
 from mship.common.v1 import common_pb2
+from services.common.logs import configure_logging
+from services.common.tracing import configure_tracing
 from services.common.vocabulary import LOADERS
 from services.worker.server import start_worker_server
 
@@ -46,6 +48,8 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging("worker")
+    configure_tracing("worker")
     asyncio.run(serve(parse_args(argv)))
 
 

@@ -8,6 +8,7 @@ restarts and rolling replacement.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 
@@ -17,7 +18,11 @@ from ray import serve
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from services.common.autoscaling import autoscaling_config
+from services.common.logs import configure_logging
+from services.common.tracing import configure_tracing
 from services.common.vocabulary import capability_resource, loader_name
+from services.worker import metrics
+from services.worker.engine_metrics import sample_forever
 from services.worker.registration import Registrar, node_lease
 from services.worker.server import WorkerServer, start_worker_server
 
@@ -34,6 +39,8 @@ log = logging.getLogger(__name__)
 )
 class WorkerDeployment:
     async def __init__(self, spec_bytes: bytes, version: str, coordinator: str) -> None:
+        configure_logging("worker")
+        configure_tracing("worker")
         spec = common_pb2.ModelSpec.FromString(spec_bytes)
         context = serve.get_replica_context()
         host = ray.util.get_node_ip_address()
@@ -49,8 +56,12 @@ class WorkerDeployment:
             max_model_len=engine.max_model_len if engine else 0, spec=spec,
             engine_load_s=self.server.host.load_seconds(),
             embedding_dimension=engine.embedding_dimension if engine else 0)
+        metrics.LOAD_SECONDS.labels(spec.name).set(replica.engine_load_s)
+        metrics.ENGINE_DEATHS.labels(spec.name)  # at 0 from the start: an alert's increase() sees the first one
         self.registrar = Registrar(coordinator, replica, self._load, self.server.servicer.gate.apply)
         await self.registrar.start()
+        self._engine_metrics = asyncio.get_running_loop().create_task(sample_forever(engine, spec.name)) \
+            if engine is not None else None
         log.info("worker %s (%s) serving on %s:%d", spec.name, version, host, self.server.port)
 
     async def check_health(self) -> None:
@@ -59,8 +70,13 @@ class WorkerDeployment:
             raise RuntimeError("the engine is not healthy")
 
     def _load(self) -> cpb.HeartbeatRequest:
-        """What each heartbeat reports: the calls in flight (running + queued) and the engine's health."""
-        servicer = self.server.servicer
+        """What each heartbeat reports: the calls in flight (running + queued) and the engine's health
+        (and, sampled as often, the replica's gauges)."""
+        servicer, engine, model = self.server.servicer, self.server.host.engine, self.registrar.replica.model
+        metrics.RUNNING.labels(model).set(servicer.gate.ongoing)
+        metrics.QUEUED.labels(model).set(servicer.gate.queued)
+        if engine is not None:
+            metrics.KV_CACHE.labels(model).set(engine.stats().kv_cache_usage)
         return cpb.HeartbeatRequest(inflight_calls=len(servicer.inflight), running_requests=servicer.gate.ongoing,
                                     waiting_requests=servicer.gate.queued, limits=servicer.gate.limits,
                                     unhealthy=not self.server.host.ready)
@@ -79,6 +95,8 @@ class WorkerDeployment:
     async def __del__(self) -> None:
         # Leave routing first so no new call arrives, then let in-flight streams finish. (Either may
         # be missing when __init__ failed: a failed load never registered.)
+        if getattr(self, "_engine_metrics", None) is not None:
+            self._engine_metrics.cancel()
         if hasattr(self, "registrar"):
             await self.registrar.stop()
         if hasattr(self, "server"):

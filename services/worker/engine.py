@@ -103,6 +103,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> EngineStats: ...
 
+    async def metrics_text(self) -> str | None:
+        """The engine's own Prometheus exposition, for engines that serve one apart from the worker
+        (llama-server's /metrics); None for those whose metrics already reach the node (vLLM's)."""
+        return None
+
     @property
     @abc.abstractmethod
     def errored(self) -> bool: ...

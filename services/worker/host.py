@@ -22,6 +22,7 @@ from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2
 from services.common.event_log import EventLog
 from services.worker.engine import Engine, RenderRequest
+from services.worker.metrics import ENGINE_DEATHS
 from services.worker.sampling import Sampling
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,7 @@ class ModelHost:
     async def check(self) -> bool:
         """Health probe: flips health to NOT_SERVING once the engine has died."""
         if self.engine is not None and self.engine.errored and self.phase == Phase.LOAD_PHASE_READY:
+            ENGINE_DEATHS.labels(self.model_name).inc()
             self._set(Phase.LOAD_PHASE_FAILED, "engine died")
             await self._set_health(False)
         return self.ready

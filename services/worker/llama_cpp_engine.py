@@ -258,6 +258,10 @@ class LlamaCppEngine(Engine):
         vectors = [item["embedding"] for item in sorted(reply["data"], key=lambda d: d["index"])]
         return vectors, int(reply.get("usage", {}).get("prompt_tokens", 0))
 
+    async def metrics_text(self) -> str | None:
+        reply = await self._client.get("/metrics", timeout=5.0)
+        return reply.text if reply.status_code == 200 else None
+
     def stats(self) -> EngineStats:
         self._stats.running_requests, self._stats.waiting_requests = self.slots.running, self.slots.waiting
         return self._stats

@@ -8,8 +8,10 @@ aborts by id where no live stream exists. Refusals are raised as `ServiceError`;
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,6 +22,8 @@ from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.errors import Reason, ServiceError, invalid_parameter
 from services.common.limits import replica_limits
+from services.common.tracing import record_usage
+from services.worker import metrics
 from services.worker.engine import ChoiceDelta, Engine, Prompt, RenderRequest
 from services.worker.host import ModelHost
 from services.worker.parsers import StreamParser
@@ -30,6 +34,7 @@ log = logging.getLogger(__name__)
 FINISH = {"stop": worker_pb2.FINISH_REASON_STOP, "length": worker_pb2.FINISH_REASON_LENGTH,
           "abort": worker_pb2.FINISH_REASON_CANCELLED}
 ENGINE_DIED_RETRY_S = 2.0
+DEATH_GRACE_S = 0.5  # how long a failed request waits to see whether the engine died under it
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -58,16 +63,31 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         engine = self._engine_for(request.model)
         sampling = sampling_from_request(request)
         render, parse_tools = self._render_request(request)
-        prompt = await engine.render(render)
+        try:
+            prompt = await engine.render(render)  # llama.cpp renders and tokenizes on its server
+        except ServiceError:
+            raise
+        except Exception as e:
+            raise await self._engine_failure(engine, request.request_id, e) from e
         self._check_context(engine, prompt, sampling)
         request_id = request.request_id or uuid.uuid4().hex
         self._admit(request_id)
+        outcome = "cancelled"  # unless it ends otherwise: the caller went away (or Cancel)
         try:
             async with self.gate.admitted(request_id):  # backpressure: an engine place, or a queue slot, or refused
                 async for event in self._stream(engine, prompt, sampling, request, request_id, parse_tools):
+                    if event.HasField("final"):
+                        outcome = "finished"
+                        _count_tokens(request.model, event.final.usage)
+                        record_usage(request.model, event.final.usage)  # the Infer span's, when traced
                     yield event
+        except ServiceError as e:
+            outcome = "refused" if e.reason == Reason.OVERLOADED else "failed"
+            raise
         finally:  # released however the call ends (finished, refused, cancelled)
             self.inflight.discard(request_id)
+            metrics.REQUESTS.labels(request.model, outcome).inc()
+            log.debug("infer %s on %s ended (%d prompt tokens)", request_id, request.model, len(prompt.token_ids))
 
     async def _stream(self, engine: Engine, prompt: Prompt, sampling: Sampling, request: worker_pb2.InferRequest,
                       request_id: str, parse_tools: bool) -> AsyncIterator[worker_pb2.InferEvent]:
@@ -90,7 +110,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except ServiceError:
             raise
         except Exception as e:
-            raise self._engine_failure(engine, request_id, e) from e
+            raise await self._engine_failure(engine, request_id, e) from e
         yield worker_pb2.InferEvent(final=worker_pb2.Final(
             choices=[finishes[i] for i in sorted(finishes)], usage=usage))
 
@@ -143,9 +163,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise invalid_parameter("request_id", f"request id {request_id!r} is already running")
         self.inflight.add(request_id)
 
-    def _engine_failure(self, engine: Engine, request_id: str, e: Exception) -> ServiceError:
+    async def _engine_failure(self, engine: Engine, request_id: str, e: Exception) -> ServiceError:
         """A request the engine failed: retryable (UNAVAILABLE: another replica, or this one once Serve
-        has replaced it) when the engine itself died, else an engine error."""
+        has replaced it) when the engine itself died, else an engine error. A killed engine process
+        breaks its connections a moment before it can be seen dead: give it that moment."""
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while not engine.errored and time.monotonic() < deadline:  # noqa: ASYNC110 (no event says it)
+            await asyncio.sleep(0.02)
         if engine.errored:
             log.warning("the engine died under %s: %s", request_id, e)
             return ServiceError(grpc.StatusCode.UNAVAILABLE, Reason.ENGINE_DIED,
@@ -211,7 +235,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except ServiceError:
             raise
         except Exception as e:
-            raise self._engine_failure(engine, request.request_id, e) from e
+            raise await self._engine_failure(engine, request.request_id, e) from e
         return worker_pb2.EmbedResponse(
             embeddings=[worker_pb2.Embedding(values=v) for v in vectors],
             usage=common_pb2.Usage(prompt_tokens=tokens))
@@ -235,6 +259,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 s.generated_tokens_total, s.prompt_tokens_total)
             report.max_model_len, report.embedding_dimension = engine.max_model_len, engine.embedding_dimension
         return report
+
+
+def _count_tokens(model: str, usage: common_pb2.Usage) -> None:
+    metrics.PROMPT_TOKENS.labels(model).inc(usage.prompt_tokens)
+    metrics.CACHED_TOKENS.labels(model).inc(usage.cached_tokens)
+    metrics.GENERATION_TOKENS.labels(model).inc(usage.completion_tokens)
 
 
 def _tools(req: worker_pb2.InferRequest) -> list[dict[str, Any]]:

@@ -10,9 +10,11 @@ import grpc
 import pytest
 
 from mship.worker.v1 import worker_pb2_grpc
-from services.common.vocabulary import ENV_API_KEYS_FILE, ENV_RATE_LIMITS_FILE
+from services.common.vocabulary import ENV_API_KEYS_FILE, ENV_LOG_FORMAT, ENV_LOG_LEVEL, ENV_RATE_LIMITS_FILE
+from tests.otlp_receiver import OtlpReceiver
 from tests.platform_process import PlatformProcess
 from tests.redis_server import RedisServer
+from tests.syslog_listener import SyslogListener
 from tests.worker_process import WorkerProcess
 
 TINY = "tiny"
@@ -70,10 +72,31 @@ def redis_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServe
 
 
 @pytest.fixture(scope="session")
-def platform(tiny_model: str, redis_store: RedisServer,
+def syslog() -> Iterator[SyslogListener]:
+    listener = SyslogListener()
+    try:
+        yield listener
+    finally:
+        listener.close()
+
+
+@pytest.fixture(scope="session")
+def otlp() -> Iterator[OtlpReceiver]:
+    """The session platform's trace collector (`--otel-endpoint`)."""
+    receiver = OtlpReceiver()
+    try:
+        yield receiver
+    finally:
+        receiver.close()
+
+
+@pytest.fixture(scope="session")
+def platform(tiny_model: str, redis_store: RedisServer, syslog: SyslogListener, otlp: OtlpReceiver,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformProcess]:
     """`mship start` with two gateway replicas, builtin:tiny-qwen2 as `tiny`, state in Redis, API keys
-    from a file and rate-limit overrides from another (`home/rate-limits.yaml`, re-read on change)."""
+    from a file and rate-limit overrides from another (`home/rate-limits.yaml`, re-read on change),
+    JSON logs at DEBUG sent to the session's syslog listener, traces to its OTLP receiver, metrics on
+    a port of its own."""
     home = Path(tmp_path_factory.mktemp("platform"))
     config = home / "models.yaml"
     config.write_text(PLATFORM_MODELS)
@@ -81,7 +104,9 @@ def platform(tiny_model: str, redis_store: RedisServer,
     keys.write_text("".join(f"{key}:{identity}\n" for key, identity in SESSION_KEYS.items()))
     limits.write_text("{}\n")
     proc = PlatformProcess.start(config, home / "mship.log", gateway_replicas=2, state_store=redis_store.url,
-                                 env={ENV_API_KEYS_FILE: str(keys), ENV_RATE_LIMITS_FILE: str(limits)})
+                                 env={ENV_API_KEYS_FILE: str(keys), ENV_RATE_LIMITS_FILE: str(limits),
+                                      ENV_LOG_FORMAT: "json", ENV_LOG_LEVEL: "DEBUG"},
+                                 extra=("--log-target", syslog.target, "--otel-endpoint", otlp.endpoint))
     proc.api_key = DEFAULT_KEY
     try:
         proc.wait_ready()

@@ -30,6 +30,7 @@ class Answer:
     code: str | None
     at: float  # when its status line arrived (time.monotonic)
     done: float  # when the whole body was read
+    complete: bool  # a 200 stream that ended with [DONE] and no error event
 
 
 def status_of(platform: PlatformProcess) -> dict:
@@ -44,6 +45,10 @@ def tiny_replica(platform: PlatformProcess) -> dict:
     return replica
 
 
+def queued(platform: PlatformProcess) -> int:
+    return sum(r.queued_requests for m in platform.cluster_status().models if m.name == TINY for r in m.replicas)
+
+
 def deploy(platform: PlatformProcess, text: str, tmp_path) -> None:
     path = tmp_path / "models.yaml"
     path.write_text(text)
@@ -52,17 +57,20 @@ def deploy(platform: PlatformProcess, text: str, tmp_path) -> None:
     assert "reload" in out.stdout or "updated" in out.stdout, out.stdout  # re-limited, not a new version
 
 
-def send(platform: PlatformProcess, answers: list[Answer], lock: threading.Lock) -> None:
-    body = {"model": TINY, "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "Count."}]}
-    with httpx.Client(base_url=platform.base_url, headers=platform.headers, timeout=120) as http, \
-            http.stream("POST", "/v1/chat/completions", json=body) as r:
-        at = time.monotonic()
-        text = r.read().decode()
-        code = json.loads(text)["error"]["code"] if r.status_code != 200 else None
-        with lock:
-            answers.append(Answer(r.status_code, r.headers.get("retry-after"), code, at, time.monotonic()))
-        if r.status_code == 200:
-            assert text.rstrip().endswith("data: [DONE]") and '"error"' not in text, text[-300:]
+def send(platform: PlatformProcess, answers: list[Answer], lock: threading.Lock, go: threading.Barrier) -> None:
+    # Long enough (ignore_eos) that the admitted two still run when the last of the burst arrives.
+    body = {"model": TINY, "max_tokens": 400, "ignore_eos": True, "stream": True,
+            "messages": [{"role": "user", "content": "Count."}]}
+    with httpx.Client(base_url=platform.base_url, headers=platform.headers, timeout=120) as http:
+        http.get("/health")  # connected before the burst
+        go.wait()
+        with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            at = time.monotonic()
+            text = r.read().decode()
+    code = json.loads(text)["error"]["code"] if r.status_code != 200 else None
+    complete = r.status_code == 200 and text.rstrip().endswith("data: [DONE]") and '"error"' not in text
+    with lock:
+        answers.append(Answer(r.status_code, r.headers.get("retry-after"), code, at, time.monotonic(), complete))
 
 
 def test_a_burst_past_the_limits_is_refused_at_once_and_every_admitted_request_completes(platform, tmp_path):
@@ -74,17 +82,18 @@ def test_a_burst_past_the_limits_is_refused_at_once_and_every_admitted_request_c
         assert tiny_replica(platform)["replica_id"] == before["replica_id"]  # the same replica: no reload
         answers: list[Answer] = []
         lock = threading.Lock()
-        threads = [threading.Thread(target=send, args=(platform, answers, lock)) for _ in range(BURST)]
+        go = threading.Barrier(BURST)
+        threads = [threading.Thread(target=send, args=(platform, answers, lock, go)) for _ in range(BURST)]
         queued_seen = []
         for t in threads:
             t.start()
-        while any(t.is_alive() for t in threads):  # the queue, as operators see it
-            queued_seen.append(tiny_replica(platform)["queued_requests"])
+        while any(t.is_alive() for t in threads):  # the queue, as `mship status` shows it (ClusterStatus)
+            queued_seen.append(queued(platform))
         for t in threads:
             t.join()
         ok = [a for a in answers if a.status == 200]
         refused = [a for a in answers if a.status != 200]
-        assert len(ok) == 2, answers  # one running, one queued; both complete
+        assert len(ok) == 2 and all(a.complete for a in ok), answers  # one running, one queued; both complete
         assert len(refused) == BURST - 2
         assert all((a.status, a.code) == (503, "overloaded") and a.retry_after == "1" for a in refused), refused
         # Refused at once: every refusal arrived before the first admitted request was done.

@@ -147,6 +147,15 @@ def test_the_joined_node_hosts_the_model_and_serves_it_through_the_head(head, jo
     reply = httpx.post(f"{head.base_url}/v1/chat/completions", timeout=60, json={
         "model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]})
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
+    # Each node's metrics port serves its own processes: the worker's series only on the joined node
+    # (the only one that runs vLLM), the coordinator's on the head; the head's file_sd file lists both.
+    joined_text = httpx.get(f"http://127.0.0.1:{joiner.metrics_port}/metrics", timeout=10).text
+    head_text = httpx.get(f"http://127.0.0.1:{head.metrics_port}/metrics", timeout=10).text
+    assert 'mship_worker_requests_total{model="tiny",outcome="finished"}' in joined_text
+    assert "mship_worker_requests_total{" not in head_text and "mship_coordinator_routing_version" in head_text
+    until_sync(lambda: sorted(json.loads(head.sd_file().read_text())[0]["targets"]) == sorted(
+        f"127.0.0.1:{p}" for p in (head.metrics_port, joiner.metrics_port)), "both nodes in the file_sd file",
+        timeout_s=30)
 
 
 def test_a_loader_no_node_advertises_waits_while_the_other_models_serve(head, joiner):

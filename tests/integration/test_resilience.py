@@ -129,7 +129,9 @@ def test_a_killed_llama_server_is_replaced_and_requests_without_a_token_go_to_th
     victim = before[0]
     with LoadGenerator(res.base_url, "pair", clients=4, max_tokens=24, timeout_s=60) as load:
         load.wait_for(8)
-        child(victim.pid, "llama-server").kill()
+        server = child(victim.pid, "llama-server")
+        server.kill()
+        server.wait(10)  # gone (a request sent meanwhile may still have been answered by it)
         killed_at = time.monotonic()
         until(lambda: victim.replica_id not in replica_ids(res, "pair"), "the dead replica leaves routing",
               timeout_s=10)
@@ -184,3 +186,10 @@ def test_a_killed_engine_core_fails_only_cleanly_and_the_replica_is_replaced(res
     late = [f for f in load.failed if f.ended - f.started > 60]
     assert not late, late  # nobody hung past the deadline
     print(f"{len(load.failed)} requests failed cleanly after the kill at {killed_at:.0f}; {load.ok} succeeded")
+
+
+def test_the_node_port_serves_the_llama_engines_own_series_for_its_model(res):
+    text = httpx.get(f"http://127.0.0.1:{res.metrics_port}/metrics", timeout=10).text
+    served = [line for line in text.splitlines() if line.startswith('llamacpp:prompt_tokens_total{model="pair"')]
+    assert served and sum(float(line.rsplit(" ", 1)[1]) for line in served) > 0, served
+    assert 'mship_worker_requests_total{model="pair",outcome="finished"}' in text

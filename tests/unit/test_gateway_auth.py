@@ -17,6 +17,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from services.gateway.identity import ApiKeys, Authenticator, cache_salt_for
+from tests.helpers import until
 from tests.unit.gateway_harness import CHAT, MAX_BODY, Gateway
 
 pytest_plugins = ("tests.unit.gateway_fixtures",)
@@ -188,6 +189,9 @@ async def test_the_audit_trail_records_each_request_without_contents_unless_aske
                 await c.get("/health")  # not an API request: not audited
             assert ok.headers["x-request-id"] == "r-1" and len(streamed.headers["x-request-id"]) == 32
             assert refused.status_code == 401
+        # A record is written once its response has ended, which the client may see first.
+        await until(lambda: len(plain.read_text().splitlines()) == 3 and len(full.read_text().splitlines()) == 3,
+                    "both audit logs written")
         records = [json.loads(line) for line in plain.read_text().splitlines()]
         assert [(r["identity"], r["model"], r["status"], r["streamed"]) for r in records] == [
             ("team-a", "m", 200, False), ("team-a", "m", 200, True), (None, None, 401, False)]

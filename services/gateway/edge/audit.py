@@ -1,7 +1,7 @@
 """The audit trail (optional, `MSHIP_AUDIT_LOG`): one JSON record per API request, written when its
 response has ended (a stream included): time, identity, client address, method, route, model,
-status, tokens, latency, request id. Every answer carries its `x-request-id` (the client's, or a
-new one), the key that joins a client's report to the record.
+status, tokens, latency, request id (the answer's `x-request-id`: edge/request_id.py), the key
+that joins a client's report to the record.
 
 Prompts and completions are recorded only with `MSHIP_AUDIT_CONTENT=1`: the request body, and the
 response body of a non-streamed answer (each up to CONTENT_LIMIT bytes). `MSHIP_AUDIT_LOG=-`
@@ -14,8 +14,9 @@ import json
 import logging
 import threading
 import time
-import uuid
 from typing import Any
+
+from services.common.logs import request_id as current_request_id
 
 log = logging.getLogger("mship.audit")
 CONTENT_LIMIT = 64 * 1024
@@ -50,8 +51,7 @@ class AuditMiddleware:
         if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
             return await self.app(scope, receive, send)
         t0 = time.monotonic()
-        headers = dict(scope.get("headers") or [])
-        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        request_id = current_request_id.get()
         state: dict[str, Any] = {"status": 0, "streamed": False}
         request_body: list[bytes] = []
         response_body: list[bytes] = []
@@ -67,8 +67,6 @@ class AuditMiddleware:
                 state["status"] = message["status"]
                 out = dict(message.get("headers") or [])
                 state["streamed"] = out.get(b"content-type", b"").startswith(b"text/event-stream")
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  (b"x-request-id", request_id.encode("latin-1"))]}
             elif message["type"] == "http.response.body" and self.content and not state["streamed"]:
                 response_body.append(message.get("body", b""))
             await send(message)

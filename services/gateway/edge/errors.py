@@ -47,6 +47,7 @@ def error_response(err: OpenAIError) -> JSONResponse:
 def install_handlers(app: FastAPI) -> None:
     async def on_openai(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, OpenAIError)
+        request.scope.setdefault("state", {})["error_code"] = exc.code  # the refusal's reason, for metrics
         return error_response(exc)
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:

@@ -1,0 +1,144 @@
+"""Logs (services/common/logs.py): JSON lines with the request id; syslog over UDP and TCP to a local
+listener; the edge's `x-request-id` (the client's, when sane, or a new one) reaches the worker's
+handler through gRPC metadata, so its lines carry the same id."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+
+import httpx
+import pytest
+
+from services.common import logs
+from services.common.logs import (
+    JsonFormatter,
+    LineSysLogHandler,
+    RequestIdFilter,
+    clean_request_id,
+    parse_log_target,
+    request_id,
+)
+from tests.unit.gateway_harness import CHAT, Gateway
+
+pytest_plugins = ("tests.unit.gateway_fixtures",)
+
+
+def record(message: str, level: int = logging.INFO) -> logging.LogRecord:
+    rec = logging.LogRecord("services.worker.servicer", level, __file__, 1, message, (), None)
+    RequestIdFilter().filter(rec)
+    return rec
+
+
+def test_json_lines_carry_the_request_id_of_their_context():
+    token = request_id.set("req-42")
+    try:
+        line = json.loads(JsonFormatter("worker").format(record("infer ended")))
+    finally:
+        request_id.reset(token)
+    assert {k: line[k] for k in ("level", "logger", "message", "service", "request_id")} == {
+        "level": "INFO", "logger": "services.worker.servicer", "message": "infer ended", "service": "worker",
+        "request_id": "req-42"}
+    assert "request_id" not in json.loads(JsonFormatter("worker").format(record("no request")))
+
+
+def listen(kind: int) -> tuple[socket.socket, list[bytes], threading.Thread]:
+    sock = socket.socket(socket.AF_INET, kind)
+    sock.bind(("127.0.0.1", 0))
+    got: list[bytes] = []
+    if kind == socket.SOCK_STREAM:
+        sock.listen(1)
+
+        def serve() -> None:
+            conn, _ = sock.accept()
+            with conn:
+                while data := conn.recv(65536):
+                    got.append(data)
+    else:
+        def serve() -> None:
+            got.append(sock.recv(65536))
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return sock, got, thread
+
+
+@pytest.mark.parametrize(("scheme", "kind"), [("syslog", socket.SOCK_DGRAM), ("syslog+tcp", socket.SOCK_STREAM)])
+def test_syslog_lines_reach_a_local_listener(scheme, kind):
+    sock, got, thread = listen(kind)
+    host, port = sock.getsockname()
+    target = parse_log_target(f"{scheme}://{host}:{port}")
+    assert target == (host, port, kind)
+    handler = LineSysLogHandler(*target)
+    handler.setFormatter(JsonFormatter("gateway"))
+    handler.addFilter(RequestIdFilter())
+    token = request_id.set("abc")
+    try:
+        handler.emit(record("hello syslog"))
+    finally:
+        request_id.reset(token)
+        handler.close()
+    thread.join(5)
+    sock.close()
+    data = b"".join(got).decode()
+    assert data.startswith("<14>") and json.loads(data[4:].strip())["request_id"] == "abc"  # user.info
+    assert data.endswith("\n") == (kind == socket.SOCK_STREAM)  # TCP: one message per line
+
+
+@pytest.mark.parametrize("bad", ["udp://h:1", "syslog://h", "syslog://:514", "file:///var/log/x"])
+def test_a_bad_log_target_is_refused(bad):
+    with pytest.raises(ValueError):
+        parse_log_target(bad)
+
+
+def test_only_sane_client_request_ids_are_kept():
+    assert clean_request_id("abc-123") == "abc-123"
+    assert clean_request_id(b"abc") == "abc"
+    assert clean_request_id("x" * 129) == clean_request_id("a\nb") == clean_request_id("é") == ""
+
+
+class Seen(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.addFilter(RequestIdFilter())
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, rec: logging.LogRecord) -> None:
+        self.records.append(rec)
+
+
+async def test_the_edge_request_id_is_echoed_and_reaches_the_worker_handler(workers, gateway: Gateway):
+    seen = Seen()
+    worker_log = logging.getLogger("services.worker.servicer")
+    level = worker_log.level
+    worker_log.addHandler(seen)
+    worker_log.setLevel(logging.DEBUG)
+    try:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as client:
+            given = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "client-id-1"})
+            made = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "x" * 200})
+            refused = await client.post("/v1/chat/completions", json={"model": "m"})
+    finally:
+        worker_log.removeHandler(seen)
+        worker_log.setLevel(level)
+    assert given.status_code == 200 and given.headers["x-request-id"] == "client-id-1"
+    assert len(made.headers["x-request-id"]) == 32 and made.headers["x-request-id"] != "x" * 200
+    assert refused.status_code == 400 and len(refused.headers["x-request-id"]) == 32  # even a refusal has one
+    ids = [r.request_id for r in seen.records if r.getMessage().startswith("infer ")]  # type: ignore[attr-defined]
+    assert ids == ["client-id-1", made.headers["x-request-id"]]
+
+
+def test_configure_logging_is_idempotent_and_stops_propagation(monkeypatch):
+    monkeypatch.setattr(logs, "_configured", set())
+    monkeypatch.setenv("MSHIP_LOG_FORMAT", "json")
+    monkeypatch.setenv("MSHIP_LOG_LEVEL", "debug")
+    logger = logging.getLogger("clients")
+    before = (list(logger.handlers), logger.level, logger.propagate)
+    try:
+        logs.configure_logging("cli")
+        logs.configure_logging("cli")
+        assert len(logger.handlers) == 1 and isinstance(logger.handlers[0].formatter, JsonFormatter)
+        assert (logger.level, logger.propagate) == (logging.DEBUG, False)
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = before
