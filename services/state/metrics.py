@@ -3,6 +3,7 @@ backend (memory | redis) and operation (the RPC method), recorded by one server 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram
 
+log = logging.getLogger(__name__)
 OPERATION = Histogram("mship_state_operation_seconds", "state service operations", ["backend", "op"],
                       buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5))
 ERRORS = Counter("mship_state_errors", "state operations that failed, by gRPC code", ["backend", "op", "code"])
@@ -36,7 +38,9 @@ class StateMetricsInterceptor(grpc.aio.ServerInterceptor):
                 ERRORS.labels(self.backend, op, _code(context)).inc()
                 raise
             finally:
-                OPERATION.labels(self.backend, op).observe(time.perf_counter() - t0)
+                elapsed = time.perf_counter() - t0
+                OPERATION.labels(self.backend, op).observe(elapsed)
+                log.debug("%s on %s in %.2f ms", op, self.backend, elapsed * 1000)  # with the caller's request id
         return grpc.unary_unary_rpc_method_handler(timed, handler.request_deserializer, handler.response_serializer)
 
 

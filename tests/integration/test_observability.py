@@ -89,13 +89,15 @@ def test_a_known_set_of_requests_moves_the_documented_series(platform):
     assert f"127.0.0.1:{platform.metrics_port}" in json.loads(platform.sd_file().read_text())[0]["targets"]
 
 
-def test_one_request_id_in_the_header_and_in_gateway_and_worker_json_lines(platform, syslog):
+def test_one_request_id_in_the_header_and_in_gateway_worker_and_state_json_lines(platform, syslog):
     rid = f"obs-{time.monotonic_ns()}"
-    r = httpx.post(f"{platform.base_url}{CHAT}", headers={**platform.headers, "x-request-id": rid}, timeout=60,
-                   json={"model": TINY, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+    r = httpx.post(f"{platform.base_url}/v1/responses", headers={**platform.headers, "x-request-id": rid},
+                   timeout=60, json={"model": TINY, "input": "Hi", "max_output_tokens": 16})  # stored: a state call
     assert r.status_code == 200 and r.headers["x-request-id"] == rid
     gateway = syslog.wait_for(request_id=rid, service="gateway")
     worker = syslog.wait_for(request_id=rid, service="worker")
-    assert any(CHAT in rec["message"] and "200" in rec["message"] for rec in gateway), gateway
+    state = syslog.wait_for(request_id=rid, service="state")
+    assert any("/v1/responses" in rec["message"] and "200" in rec["message"] for rec in gateway), gateway
     assert any(rec["message"].startswith("infer ") for rec in worker), worker
-    assert all(rec["level"] == "DEBUG" and rec["pid"] for rec in gateway + worker)
+    assert any(rec["message"].startswith("PutResponse ") for rec in state), state
+    assert all(rec["level"] == "DEBUG" and rec["pid"] for rec in gateway + worker + state)
