@@ -46,12 +46,9 @@ def _no_replica(model: str, last: ErrorDetails | None) -> UpstreamError:
 
 
 async def _endpoints(table: RouteTable, model: str) -> list[Endpoint]:
-    """The endpoints to try, best first; for a model at zero replicas, after its cold start."""
-    endpoints = table.candidates(model)
-    if endpoints:
-        return endpoints
-    route = table.routes.get(model)
-    return await table.cold_start(model) if route is not None and route.scale_to_zero else []
+    """The endpoints to try, best first; for a model at zero replicas, after its cold start (which
+    answers [] at once for any other model without endpoints)."""
+    return table.candidates(model) or await table.cold_start(model)
 
 
 async def call_unary(table: RouteTable, model: str, call: Callable[[Endpoint], Awaitable[T]]) -> T:

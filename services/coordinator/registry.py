@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
-from services.common.limits import replica_limits
+from services.common.limits import replica_limits, scales_to_zero
 from services.coordinator import metrics
 
 
@@ -34,7 +34,7 @@ class ActiveModel:
     @classmethod
     def of(cls, spec: common_pb2.ModelSpec, version: str) -> ActiveModel:
         return cls(version, spec.usecase, spec.max_model_len, spec.rate_limits, replica_limits(spec),
-                   spec.HasField("autoscaling") and spec.autoscaling.min_replicas == 0)
+                   scales_to_zero(spec))
 
 
 @dataclass

@@ -14,6 +14,7 @@ from mship.coordinator.v1 import coordinator_pb2 as pb
 from mship.coordinator.v1 import coordinator_pb2_grpc
 from services.cluster.capabilities import capabilities_of
 from services.common.errors import Reason, ServiceError, invalid_parameter
+from services.common.limits import scales_to_zero
 from services.coordinator.deploy_log import DeployRecord
 from services.coordinator.deployer import Deployer
 from services.coordinator.fingerprint import version_of
@@ -129,7 +130,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                                     endpoint=f"{r.info.endpoint.host}:{r.info.endpoint.port}",
                                     state=self.registry.state_of(r), running_requests=r.load.running_requests,
                                     queued_requests=r.load.waiting_requests, limits=r.load.limits)
-            if not replicas and not _scales_to_zero(model.spec):
+            if not replicas and not scales_to_zero(model.spec):
                 out.pending.add(name=name, reason=unhostable(model.spec, nodes) or "loading: no live replica yet")
         return out
 
@@ -137,7 +138,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         model = next((m for m in self.deployer.running_models() if m.spec.name == request.model), None)
         if model is None:
             return pb.RequestReplicaResponse(reason=f"no model {request.model!r} is deployed")
-        if not _scales_to_zero(model.spec):
+        if not scales_to_zero(model.spec):
             return pb.RequestReplicaResponse(reason=f"{request.model!r} does not scale to zero")
         if not self.registry.live(model.spec.name, model.version) and model.app not in self._waking:
             self._waking[model.app] = asyncio.get_running_loop().create_task(self._wake(model.app))
@@ -151,10 +152,6 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             log.warning("starting a replica of %s failed: %r", app, e)
         finally:
             del self._waking[app]
-
-
-def _scales_to_zero(spec) -> bool:
-    return spec.HasField("autoscaling") and spec.autoscaling.min_replicas == 0
 
 
 def _check_deploy(request: pb.DeployRequest) -> None:
