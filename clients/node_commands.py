@@ -11,10 +11,8 @@ import argparse
 import contextlib
 import os
 import re
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -95,7 +93,7 @@ def cmd_start(args: argparse.Namespace, deploy_initial, expected: list[str]) -> 
                          state_store=args.state_store or os.environ.get(ENV_STATE_STORE, "memory://"),
                          ray_address=args.ray_address, advertise_address=args.advertise_address, token=token,
                          models_on_head=not args.no_models_on_head, capabilities=caps, expected_models=expected,
-                         telemetry=telemetry_of(args, args.host))
+                         telemetry=telemetry_of(args, args.host), **head_node_flags(args))
     signals = StopSignals()
     pid = pidfile(cfg.coordinator_address)
     pid.parent.mkdir(parents=True, exist_ok=True)
@@ -188,25 +186,27 @@ def gateway_scaling(args: argparse.Namespace) -> dict:
             "gateway_target_ongoing_requests": target}
 
 
-def visible_gpus() -> int:
-    """GPUs this node can use: CUDA_VISIBLE_DEVICES if set, else what nvidia-smi lists."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+def head_node_flags(args: argparse.Namespace) -> dict:
+    """PlatformConfig's head-node fields: what the head offers Ray, and its monitor. Refused under
+    --ray-address: the platform starts no Ray node there to apply them to."""
+    given = [f for f, on in (("--node-num-cpus", args.node_num_cpus is not None), ("--node-memory", args.node_memory),
+                             ("--no-ray-monitor", args.no_ray_monitor)) if on]
+    if args.ray_address and given:
+        raise ConfigError("(command line)", given[0], "--ray-address attaches to a Ray cluster started elsewhere",
+                          f"drop {given[0]}, or --ray-address")
+    if args.node_num_cpus is not None and args.node_num_cpus <= 0:  # the head's own services need CPUs
+        raise ConfigError("(command line)", "--node-num-cpus", "must be above 0", "pass e.g. 4")
+    return {"num_cpus": args.node_num_cpus or 0, "memory": parse_memory(args.node_memory),
+            "ray_monitor": not args.no_ray_monitor}
 
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]i?B?)?$", re.IGNORECASE)
 
 
-def parse_memory(text: str) -> int:
-    """--node-memory: bytes, or a size such as 8GiB / 512M."""
+def parse_memory(text: str | None) -> int | None:
+    """--node-memory (`start` and `join`): bytes, or a size such as 8GiB / 512M; None: Ray's own count."""
+    if not text:
+        return None
     m = _SIZE.match(text.strip())
     if m is None:
         raise ConfigError("(command line)", "--node-memory", f"not a size: {text!r}", "pass bytes or e.g. 8GiB")
@@ -215,7 +215,7 @@ def parse_memory(text: str) -> int:
 
 
 def cmd_join(args: argparse.Namespace) -> int:
-    from services.cluster.capabilities import CapabilityError, node_capabilities, resources
+    from services.cluster.capabilities import CapabilityError, node_capabilities, node_resources, visible_gpus
     from services.cluster.ports import is_loopback
     from services.cluster.ray_node import NodeConfig
 
@@ -234,10 +234,11 @@ def cmd_join(args: argparse.Namespace) -> int:
     telemetry = telemetry_of(args, node_ip or "0.0.0.0")
     telemetry.start()
     cfg = NodeConfig(head=False, gcs_address=args.gcs_address, node_ip=node_ip, num_cpus=args.node_num_cpus,
-                     num_gpus=args.node_num_gpus, memory=parse_memory(args.node_memory) if args.node_memory else None,
-                     node_name=args.node_name or f"{socket.gethostname()}-{os.getpid()}", resources=resources(caps),
+                     num_gpus=args.node_num_gpus, memory=parse_memory(args.node_memory),
+                     node_name=args.node_name or f"{socket.gethostname()}-{os.getpid()}",
+                     resources=node_resources(caps, gateway=not args.no_gateway),
                      token=token, drain_timeout_s=args.drain_timeout, labels=telemetry.labels(),
-                     extra_env=telemetry.env())
+                     extra_env=telemetry.env(), agent_port=telemetry.agent_port)
     signals = StopSignals()
     try:
         return _joined(args, cfg, telemetry, signals, stop_timeout, token, caps, node_ip)
@@ -263,9 +264,10 @@ def _joined(args: argparse.Namespace, cfg, telemetry, signals: StopSignals, stop
         print(f"mship: join failed: {e}{hint}", file=sys.stderr)
         return {"auth": EXIT_UNAUTHENTICATED, "unreachable": EXIT_UNREACHABLE}.get(e.kind, EXIT_START_FAILED)
     metrics = f"metrics on :{telemetry.metrics_port}" if telemetry.metrics else "no metrics"
+    gateway = "no gateways" if args.no_gateway else "gateways"
     print(f"mship: joined {args.gcs_address} as node {cfg.node_name} ({node_ip or 'Ray-chosen address'}), "
-          f"capabilities {caps or 'none'}, {metrics}; Ctrl-C or SIGTERM leaves (drain up to {args.drain_timeout:.0f}s, "
-          f"all of it up to {stop_timeout:g}s)", flush=True)
+          f"capabilities {caps or 'none'}, {gateway}, {metrics}; Ctrl-C or SIGTERM leaves (drain up to "
+          f"{args.drain_timeout:.0f}s, all of it up to {stop_timeout:g}s)", flush=True)
     while not signals.stop.wait(0.5):
         if not node.running():
             print(f"mship: the Ray node exited ({node.proc.returncode}); the head may be gone", file=sys.stderr)
@@ -307,12 +309,17 @@ def add_start_flags(start: argparse.ArgumentParser) -> None:
     start.add_argument("--gateway-max-replicas", type=int, metavar="N", help="... up to N, on in-flight requests")
     start.add_argument("--gateway-target-ongoing-requests", type=float, default=64.0, metavar="N",
                        help="in-flight HTTP requests per gateway replica the autoscaler aims at (default 64)")
-    start.add_argument("--ray-address", help="attach to this Ray cluster (e.g. `auto` under KubeRay) instead of "
+    start.add_argument("--ray-address", help="attach to a Ray cluster started elsewhere instead of "
                        "starting a head node")
     start.add_argument("--enable-ray-auth", action="store_true",
                        help=f"token auth on Ray and on the platform's gRPC (token: {ENV_RAY_AUTH_TOKEN})")
     start.add_argument("--no-models-on-head", action="store_true",
                        help="control plane and gateway only: the head advertises no engine capability")
+    start.add_argument("--node-num-cpus", type=float, help="logical CPUs the head offers Ray (default: 4 per CPU "
+                       "the machine reports; in a container pass its limit)")
+    start.add_argument("--node-memory", help="memory the head offers Ray: bytes or e.g. 8GiB (default: Ray's count)")
+    start.add_argument("--no-ray-monitor", action="store_true", help="start the Ray head without Ray's autoscaler "
+                       "monitor: an external autoscaler (KubeRay's sidecar) manages this cluster")
     start.add_argument("--advertise-address", metavar="ADDR",
                        help="the private address other nodes reach this one at (default: loopback when --host is, "
                        "else the node's IP as Ray sees it)")
@@ -327,6 +334,8 @@ def add_telemetry_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, metavar="PORT",
                    help=f"this node's Prometheus metrics, every process of it (default {DEFAULT_METRICS_PORT})")
     p.add_argument("--no-metrics", action="store_true", help="serve no metrics on this node")
+    p.add_argument("--dashboard-agent-port", type=int, metavar="PORT", help="Ray's agent on this node, whose "
+                   "/api/healthz Kubernetes probes ask (default: a free port, so that nodes can share a machine)")
     p.add_argument("--otel-endpoint", metavar="HOST:PORT", help="export OpenTelemetry traces (OTLP/gRPC) there; "
                    "default: tracing off")
     p.add_argument("--log-target", metavar="URL", help="syslog://host:port (UDP) or syslog+tcp://host:port: this "
@@ -347,7 +356,8 @@ def telemetry_of(args: argparse.Namespace, host: str):
     if not 0 < args.metrics_port < 65536:
         raise ConfigError("(command line)", "--metrics-port", f"{args.metrics_port} is not a port", "pass 1-65535")
     return NodeTelemetry(metrics=not args.no_metrics, metrics_host=host, metrics_port=args.metrics_port,
-                         log_target=args.log_target, otel_endpoint=args.otel_endpoint)
+                         log_target=args.log_target, otel_endpoint=args.otel_endpoint,
+                         agent_port=args.dashboard_agent_port)
 
 
 def add_join_flags(join: argparse.ArgumentParser) -> None:
@@ -357,6 +367,7 @@ def add_join_flags(join: argparse.ArgumentParser) -> None:
     join.add_argument("--node-memory", help="memory to offer: bytes or e.g. 8GiB")
     join.add_argument("--node-name", help="the node's name in `mship status` (default: hostname-pid)")
     join.add_argument("--advertise-address", metavar="ADDR", help="the address other nodes reach this one at")
+    join.add_argument("--no-gateway", action="store_true", help="this node hosts no gateway replica")
     join.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                       help="on SIGTERM: how long Serve may move this node's replicas elsewhere")
     join.add_argument("--stop-timeout", type=float, metavar="S", help="on SIGTERM: the whole leave, drain "

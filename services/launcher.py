@@ -15,17 +15,24 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
-from services.cluster.capabilities import node_capabilities, resources
+from services.cluster.capabilities import node_capabilities, node_resources
 from services.cluster.ports import check_free, is_loopback
-from services.cluster.ray_node import NodeConfig, RayNode
+from services.cluster.ray_node import NodeConfig, RayNode, gcs_redis_password
 from services.cluster.shutdown import StopDeadline, end_processes
 from services.cluster.telemetry import NodeTelemetry, ServiceDiscoveryFile
-from services.common.vocabulary import ENV_CACHE_DIR, ENV_COMPACTION_KEY, ENV_RAY_AUTH_TOKEN, PLATFORM_ENV
+from services.common.vocabulary import (
+    ENV_CACHE_DIR,
+    ENV_COMPACTION_KEY,
+    ENV_RAY_AUTH_TOKEN,
+    GATEWAY_RESOURCE,
+    PLATFORM_ENV,
+)
 
 log = logging.getLogger(__name__)
 NAMESPACE = "mship"
@@ -61,7 +68,9 @@ class PlatformConfig:
     gateway_min_replicas: int = 0
     gateway_max_replicas: int = 0  # > 0: Serve scales the gateways on their in-flight requests
     gateway_target_ongoing_requests: float = 64.0  # per gateway replica
-    num_cpus: int = 0  # logical CPUs for Ray; 0 = 4 per physical core (replicas are small)
+    num_cpus: float = 0  # logical CPUs the head offers Ray; 0 = 4 per CPU of os.cpu_count() (replicas are small)
+    memory: int | None = None  # bytes the head offers Ray; None: Ray's own count
+    ray_monitor: bool = True  # False: an external autoscaler (KubeRay's) manages the cluster
     ray_address: str | None = None  # join this Ray cluster (e.g. "auto" under KubeRay) instead of embedding one
     advertise_address: str | None = None  # what other nodes dial; None: see `advertised_address`
     token: str | None = None  # the cluster token: Ray token auth and the platform's gRPC; None: auth off
@@ -111,6 +120,17 @@ def gateway_scale(cfg: PlatformConfig) -> dict:
                                                      cfg.gateway_target_ongoing_requests, 1.0, 30.0)}
 
 
+def gateway_options(cfg: PlatformConfig, actor_options: dict) -> dict:
+    """The gateway deployment's options: its scale, and (on the deployment's own `actor_options`,
+    which Serve's .options() would replace whole) its replicas only on nodes that advertise
+    `mship_gateway`: the head, and joiners without `--no-gateway`. Attached to someone else's Ray
+    cluster (`ray_address`) nothing advertises it: the replicas go anywhere there, as before."""
+    actor = dict(actor_options)
+    if not cfg.ray_address:
+        actor["resources"] = {**actor.get("resources", {}), GATEWAY_RESOURCE: 1}
+    return {**gateway_scale(cfg), "ray_actor_options": actor}
+
+
 def advertised_address(host: str) -> str:
     """The address other nodes reach this one at: loopback when everything is local, the bound
     address when it is a specific one, else the node's IP as Ray sees it (never 0.0.0.0)."""
@@ -121,6 +141,22 @@ def advertised_address(host: str) -> str:
     from ray._private.services import node_ip_address_from_perspective
 
     return node_ip_address_from_perspective()
+
+
+def head_node(cfg: PlatformConfig, env: Mapping[str, str] = os.environ) -> NodeConfig:
+    """The Ray head node `mship start` runs (not in `ray_address` attach mode)."""
+    caps = (cfg.capabilities if cfg.capabilities is not None else node_capabilities()) if cfg.models_on_head \
+        else []
+    return NodeConfig(
+        head=True, gcs_port=cfg.gcs_port, node_ip=cfg.advertise_address,
+        num_cpus=cfg.num_cpus or 4 * (os.cpu_count() or 2), memory=cfg.memory,
+        resources=node_resources(caps, gateway=True), token=cfg.token,
+        drain_timeout_s=0,  # the platform stops Serve before its head: nothing left to drain
+        labels=cfg.telemetry.labels(), extra_env=cfg.telemetry.env(), agent_port=cfg.telemetry.agent_port,
+        no_monitor=not cfg.ray_monitor,
+        # The GCS in Redis (KubeRay's gcsFaultToleranceOptions): RAY_REDIS_ADDRESS and
+        # RAY_external_storage_namespace reach Ray through the node's inherited environment.
+        redis_password=gcs_redis_password(env))
 
 
 # Coordinator and state listen on the head: their ports are the ones operators open.
@@ -176,21 +212,16 @@ class Platform:
         serve.run(CoordinatorDeployment.options(**on_head).bind(
             cfg.host, cfg.coordinator_port, cfg.state_address, cfg.coordinator_address, cfg.expected_models),
             name=COORDINATOR_APP, route_prefix=None)
-        serve.run(GatewayDeployment.options(**gateway_scale(cfg)).bind(
+        serve.run(GatewayDeployment.options(**gateway_options(cfg, GatewayDeployment.ray_actor_options)).bind(
             cfg.host, cfg.http_port, cfg.coordinator_address, cfg.state_address, rate_store=cfg.state_store),
             name=GATEWAY_APP, route_prefix=None)
 
     def _start_head(self) -> str:
         cfg = self.cfg
-        caps = (cfg.capabilities if cfg.capabilities is not None else node_capabilities()) if cfg.models_on_head \
-            else []
-        self.node = RayNode(NodeConfig(
-            head=True, gcs_port=cfg.gcs_port, node_ip=cfg.advertise_address,
-            num_cpus=cfg.num_cpus or 4 * (os.cpu_count() or 2), resources=resources(caps), token=cfg.token,
-            drain_timeout_s=0,  # the platform stops Serve before its head: nothing left to drain
-            labels=cfg.telemetry.labels(), extra_env=cfg.telemetry.env()))
+        node = head_node(cfg)
+        self.node = RayNode(node)
         self.node.wait_started(HEAD_START_TIMEOUT_S)
-        log.info("Ray head on %s:%d, capabilities %s", cfg.advertise_address, cfg.gcs_port, caps)
+        log.info("Ray head on %s:%d, resources %s", cfg.advertise_address, cfg.gcs_port, node.resources)
         return f"{cfg.advertise_address}:{cfg.gcs_port}"
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S, hurry: threading.Event | None = None) -> StopDeadline:

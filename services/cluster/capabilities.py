@@ -10,10 +10,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 
-from services.common.vocabulary import ENV_NODE_CAPABILITIES, IMPLEMENTED_LOADERS, capability_resource
+from services.common.vocabulary import (
+    ENV_NODE_CAPABILITIES,
+    GATEWAY_RESOURCE,
+    IMPLEMENTED_LOADERS,
+    capability_resource,
+)
 
 # A node advertises this many of a capability and each replica requests one: the capability says
 # what can run there; CPUs, GPUs and memory say how much.
@@ -71,6 +77,26 @@ def resources(capabilities: list[str]) -> dict[str, float]:
     return {capability_resource(loader): SLOTS for loader in capabilities}
 
 
+def node_resources(capabilities: list[str], *, gateway: bool) -> dict[str, float]:
+    """A node's custom resources: its engines, and `mship_gateway` where gateway replicas may run."""
+    return {**resources(capabilities), **({GATEWAY_RESOURCE: SLOTS} if gateway else {})}
+
+
 def capabilities_of(node_resources: Mapping[str, float]) -> list[str]:
-    """The loaders a node advertises, read back from its Ray resources."""
+    """The loaders a node advertises, read back from its Ray resources (only loader resources:
+    `mship_gateway` and Ray's own are not capabilities)."""
     return sorted(loader for loader in IMPLEMENTED_LOADERS if node_resources.get(capability_resource(loader), 0) > 0)
+
+
+def visible_gpus() -> int:
+    """GPUs this node can use: CUDA_VISIBLE_DEVICES if set, else what nvidia-smi lists."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))

@@ -17,19 +17,24 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import psutil
 
 from services.cluster.ports import free_port
+from services.common.vocabulary import ENV_GCS_REDIS_ADDRESS, ENV_GCS_REDIS_PASSWORD
 
 STARTED_MARK = "Ray runtime started"
 AUTH_MARKS = ("AuthenticationError", "InvalidAuthToken")
 UNREACHABLE_MARKS = ("Timed out while waiting for GCS", "Failed to connect to GCS", "Unable to connect to GCS")
+# A head whose GCS lives in Redis (RAY_REDIS_ADDRESS) and cannot use it: Ray exits at once with a
+# C++ check failure and a stack trace, this line the only useful one.
+REDIS_MARKS = ("WRONGPASS", "NOAUTH", "Failed to connect to Redis")
 
 
 class NodeStartError(RuntimeError):
-    def __init__(self, kind: str, message: str) -> None:  # kind: auth | unreachable | failed
+    def __init__(self, kind: str, message: str) -> None:  # kind: auth | unreachable | redis | failed
         super().__init__(message)
         self.kind = kind
 
@@ -49,15 +54,22 @@ class NodeConfig:
     drain_timeout_s: float = 30.0         # SIGTERM: how long Serve may move this node's replicas
     labels: dict[str, str] = field(default_factory=dict)  # Ray node labels (e.g. its metrics port)
     extra_env: dict[str, str] = field(default_factory=dict)  # what every process of the node inherits
+    no_monitor: bool = False              # head: an external autoscaler (KubeRay's) manages the cluster
+    redis_password: str | None = None     # head: the password of the GCS's Redis (RAY_REDIS_ADDRESS)
+    agent_port: int | None = None         # Ray's agent (its /api/healthz); None: a free port
 
     def command(self) -> list[str]:
         host = self.node_ip or "0.0.0.0"
         cmd = [sys.executable, "-m", "services.cluster.ray_cli", "start", "--block", "--disable-usage-stats",
                # Fixed defaults that co-located nodes would share: give each node its own.
-               "--dashboard-agent-listen-port", str(free_port(host))]
+               "--dashboard-agent-listen-port", str(self.agent_port or free_port(host))]
         if self.head:
             cmd += ["--head", "--port", str(self.gcs_port), "--include-dashboard", "false",
                     "--dashboard-port", str(free_port(host)), "--ray-client-server-port", str(free_port(host))]
+            if self.no_monitor:  # Ray's own monitor would report beside the external autoscaler
+                cmd.append("--no-monitor")
+            if self.redis_password:  # Ray reads no environment variable for it (KubeRay passes it so too)
+                cmd += ["--redis-password", self.redis_password]
         else:
             cmd += ["--address", self.gcs_address]
         for flag, value in (("--node-ip-address", self.node_ip), ("--num-cpus", self.num_cpus),
@@ -83,6 +95,13 @@ class NodeConfig:
         return env
 
 
+def gcs_redis_password(env: Mapping[str, str]) -> str | None:
+    """The head's `--redis-password`: KubeRay's REDIS_PASSWORD, when the GCS is in Redis (RAY_REDIS_ADDRESS)."""
+    if env.get(ENV_GCS_REDIS_ADDRESS):
+        return env.get(ENV_GCS_REDIS_PASSWORD) or None
+    return None
+
+
 class RayNode:
     """A running `ray start --block`; its output is kept (the last lines) and echoed to `echo`."""
 
@@ -91,7 +110,8 @@ class RayNode:
         self.output: collections.deque[str] = collections.deque(maxlen=200)
         self._started = threading.Event()
         self._echo = echo
-        self.proc = subprocess.Popen(cfg.command(), env=cfg.env(dict(env if env is not None else os.environ)),
+        self.env = cfg.env(dict(env if env is not None else os.environ))
+        self.proc = subprocess.Popen(cfg.command(), env=self.env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      process_group=0)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -120,6 +140,11 @@ class RayNode:
     def _failure(self, timed_out: bool = False) -> NodeStartError:
         text = "\n".join(self.output)
         where = self.cfg.gcs_address or f"port {self.cfg.gcs_port}"
+        if self.cfg.head and (line := next((o for o in self.output if any(m in o for m in REDIS_MARKS)), None)):
+            reason = line[line.find("RedisError"):] if "RedisError" in line else line
+            return NodeStartError("redis", f"the Ray head cannot use the GCS's Redis at {ENV_GCS_REDIS_ADDRESS}="
+                                  f"{self.env.get(ENV_GCS_REDIS_ADDRESS, '?')}: {reason} (is it reachable from "
+                                  f"here, and {ENV_GCS_REDIS_PASSWORD} its password?)")
         if any(mark in text for mark in AUTH_MARKS):
             return NodeStartError("auth", f"the cluster at {where} refused this node's token")
         if timed_out or any(mark in text for mark in UNREACHABLE_MARKS):

@@ -39,6 +39,7 @@ class NodeTelemetry:
     metrics_port: int = DEFAULT_METRICS_PORT
     log_target: str | None = None
     otel_endpoint: str | None = None
+    agent_port: int | None = None  # Ray's agent: its /api/healthz is the node's health probe (None: a free port)
     metrics_dir: Path | None = None  # made by start()
     _server: MetricsServer | None = field(default=None, repr=False)
     _made_dir: bool = field(default=False, repr=False)

@@ -39,6 +39,12 @@ def capability_resource(loader: str) -> str:
     return f"mship_{loader}"
 
 
+# The Ray custom resource of the nodes a gateway replica may run on (the head; a joiner unless
+# `--no-gateway`): each replica requests one unit, so under Kubernetes the gateways land only on the
+# pods the HTTP Service selects. Not a loader name: capability listings never show it.
+GATEWAY_RESOURCE = "mship_gateway"
+
+
 # ---- environment variables --------------------------------------------------------------------
 ENV_COORDINATOR = "MSHIP_COORDINATOR"            # the CLI's default --coordinator
 ENV_STATE_STORE = "MSHIP_STATE_STORE"            # memory:// or redis://...
@@ -65,6 +71,10 @@ ENV_OTEL_ENDPOINT = "MSHIP_OTEL_ENDPOINT"  # OTLP/gRPC collector host:port; unse
 ENV_NO_METRICS = "MSHIP_NO_METRICS"     # 1: record no per-request metrics at the edge (`--no-metrics`)
 ENV_METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's (and vLLM's) multiprocess directory
 ENV_NODE_CAPABILITIES = "MSHIP_NODE_CAPABILITIES"  # JSON list of loaders this node runs (overrides probes)
+# GCS fault tolerance on the head, as KubeRay's gcsFaultToleranceOptions sets it up (their names, not ours).
+ENV_GCS_REDIS_ADDRESS = "RAY_REDIS_ADDRESS"  # host:port of the GCS's Redis; Ray reads it itself
+ENV_GCS_REDIS_PASSWORD = "REDIS_PASSWORD"    # Ray reads none: `mship start` passes `--redis-password`
+ENV_GCS_STORAGE_NAMESPACE = "RAY_external_storage_namespace"  # the GCS's key prefix in Redis; Ray reads it
 
 # Passed from `mship start` to every replica of the job. (Not the token: every node's Ray processes
 # inherit it from the node's own environment, so it never sits in the job's runtime_env.)
