@@ -97,11 +97,13 @@ def deploy(args: argparse.Namespace, stub: coordinator_pb2_grpc.CoordinatorStub,
             events = iter(stream)
             first = next(events)
             return follow_deploy(itertools.chain([first], events))
-        except KeyboardInterrupt:  # stop following; the deploy goes on
+        except KeyboardInterrupt as e:  # stop following; the deploy goes on
             stream.cancel()
             where = f" (mship deploy --status {first.deploy_id})" if first else ""
             print(f"stopped following; the deploy continues{where}", file=sys.stderr)
-            return EXIT_OK
+            # SIGTERM is a supervisor's (a Kubernetes Job's pod evicted): not a finished deploy, and a
+            # retry re-attaches (exit 3, as for an unreachable coordinator); Ctrl-C is a person's choice
+            return EXIT_UNREACHABLE if isinstance(e, Terminated) else EXIT_OK
     first = next(iter(stream))
     stream.cancel()
     print(f"deploy {first.deploy_id} started" + (f" ({first.message})" if first.message else "") +
@@ -109,8 +111,12 @@ def deploy(args: argparse.Namespace, stub: coordinator_pb2_grpc.CoordinatorStub,
     return EXIT_OK
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while following a deploy."""
+
+
 def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:

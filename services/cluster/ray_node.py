@@ -12,6 +12,7 @@ import collections
 import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -95,6 +96,16 @@ class NodeConfig:
         return env
 
 
+def raise_open_files_limit() -> None:
+    """Soft open-files limit up to the hard one, for the node's processes (which inherit it): a
+    raylet and its workers hold many sockets, and a container runtime may give 1024. KubeRay's own
+    `ray start` command does `ulimit -n 65536`; the chart runs ours instead."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+
+
 def gcs_redis_password(env: Mapping[str, str]) -> str | None:
     """The head's `--redis-password`: KubeRay's REDIS_PASSWORD, when the GCS is in Redis (RAY_REDIS_ADDRESS)."""
     if env.get(ENV_GCS_REDIS_ADDRESS):
@@ -111,6 +122,7 @@ class RayNode:
         self._started = threading.Event()
         self._echo = echo
         self.env = cfg.env(dict(env if env is not None else os.environ))
+        raise_open_files_limit()
         self.proc = subprocess.Popen(cfg.command(), env=self.env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      process_group=0)

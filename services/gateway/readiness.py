@@ -1,5 +1,5 @@
 """`/health` (the process answers) and `/readyz` (routes received, every model asked for served by a
-healthy replica; per model its state and load time).
+healthy replica; per model its state and load time; `?scope=gateway`: routes received).
 
 Model states: `loaded` (healthy replicas take traffic), `scaled_to_zero` (autoscaled to no replica:
 a request starts one), `pending` (asked for, not serving yet) and `unhealthy` (every replica's
@@ -25,11 +25,16 @@ def readiness_router(table: RouteTable, coordinator: str) -> APIRouter:
         return {"status": "ok"}
 
     @router.get("/readyz")
-    async def readyz() -> Response:
+    async def readyz(scope: str = "models") -> Response:
+        """`?scope=gateway`: 200 as soon as this gateway routes (a Kubernetes readiness probe: one
+        model's trouble must not take every gateway out of the Service); default: the models too."""
+        if scope not in ("models", "gateway"):
+            return JSONResponse({"error": {"message": "'scope' must be 'models' or 'gateway'.", "type":
+                                           "invalid_request_error", "param": "scope", "code": None}}, 400)
         pending, unhealthy = sorted(table.pending), sorted(table.unhealthy)
         idle = sorted(name for name, route in table.routes.items() if route.scale_to_zero and not route.endpoints)
         loaded = sorted(set(table.routes) - set(idle))
-        ready = table.received.is_set() and not pending and not unhealthy
+        ready = table.received.is_set() and (scope == "gateway" or not (pending or unhealthy))
         load_times = await _load_times(coordinator)
         states = {**{n: "loaded" for n in loaded}, **{n: "scaled_to_zero" for n in idle},
                   **{n: "pending" for n in pending}, **{n: "unhealthy" for n in unhealthy}}

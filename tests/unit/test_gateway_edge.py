@@ -106,6 +106,8 @@ async def test_health_and_readiness():
 
             r = await client.get("/readyz")  # no snapshot yet
             assert r.status_code == 503
+            assert (await client.get("/readyz?scope=gateway")).status_code == 503  # no routes: no traffic
+            assert (await client.get("/readyz?scope=everything")).json()["error"]["param"] == "scope"
             assert {k: r.json()[k] for k in ("ready", "loaded", "pending")} == {"ready": False, "loaded": [],
                                                                                  "pending": []}
             r = await client.post("/v1/chat/completions", json=CHAT)  # routes unknown yet: retry soon
@@ -118,6 +120,9 @@ async def test_health_and_readiness():
                 "ready": False, "loaded": [MODEL], "pending": ["later"], "routing_version": 1}
             r = await client.post("/v1/chat/completions", json={**CHAT, "model": "later"})
             assert r.status_code == 503 and r.json()["error"]["code"] == "service_unavailable"
+            # the Kubernetes probe: this gateway routes, so it takes traffic; a pending model is not its fault
+            r = await client.get("/readyz?scope=gateway")
+            assert (r.status_code, r.json()["ready"], r.json()["pending"]) == (200, True, ["later"])
 
             await gw.route(f"127.0.0.1:{free_port()}")
             r = await client.get("/readyz")

@@ -28,6 +28,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{- define "mship.clusterSecret" -}}{{ include "mship.fullname" . }}-cluster{{- end -}}
 {{- define "mship.tokenSecret" -}}{{ default (include "mship.clusterSecret" .) .Values.auth.existingSecret }}{{- end -}}
+{{/* Whether Redis has a password: the chart's own always; yours when you name its Secret. */}}
+{{- define "mship.redisPassword" -}}
+{{- if or .Values.redis.internal.enabled .Values.redis.passwordSecret.name }}true{{ end -}}
+{{- end -}}
 {{- define "mship.redisSecret" -}}{{ default (printf "%s-redis" (include "mship.fullname" .)) .Values.redis.passwordSecret.name }}{{- end -}}
 {{- define "mship.redisAddress" -}}
 {{- if .Values.redis.internal.enabled -}}{{ include "mship.fullname" . }}-redis:6379{{- else -}}{{ .Values.redis.address }}{{- end -}}
@@ -102,6 +106,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{/* Liveness and start-up of a Ray node: Ray's own agent answers /api/healthz for its raylet
      (and, on the head, the GCS), the check KubeRay itself uses. */}}
 {{- define "mship.nodeProbes" -}}
+{{- $root := index . 0 -}}
 startupProbe:
   httpGet: {path: /api/healthz, port: ray-agent}
   periodSeconds: 5
@@ -110,12 +115,12 @@ livenessProbe:
   httpGet: {path: /api/healthz, port: ray-agent}
   periodSeconds: 10
   timeoutSeconds: 5
-  failureThreshold: 6
+  failureThreshold: {{ index . 1 }}
 {{- end -}}
 
 {{- define "mship.gatewayReadiness" -}}
 readinessProbe:
-  httpGet: {path: {{ .Values.gateway.readinessPath }}, port: http}
+  httpGet: {path: {{ .Values.gateway.readinessPath | quote }}, port: http}
   periodSeconds: 5
   timeoutSeconds: 3
   failureThreshold: 2
