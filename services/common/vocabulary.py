@@ -63,6 +63,8 @@ ENV_COMPACTION_KEY = "MSHIP_COMPACTION_KEY"      # base64 of 32 bytes, shared by
 ENV_RAY_AUTH_TOKEN = "MSHIP_RAY_AUTH_TOKEN"      # the cluster token: Ray's, and the platform's own gRPC
 ENV_BREAKER_FAILURES = "MSHIP_BREAKER_FAILURES"    # consecutive failures that take an endpoint out (3)
 ENV_BREAKER_COOLDOWN_S = "MSHIP_BREAKER_COOLDOWN_S"  # how long it stays out before a health probe (5)
+ENV_MCP_ALLOWED_HOSTS = "MSHIP_MCP_ALLOWED_HOSTS"  # MCP servers /v1/responses may call (services.gateway.mcp.egress)
+ENV_MCP_TIMEOUT_S = "MSHIP_MCP_TIMEOUT_S"          # per MCP list or call, connecting included (30)
 # Telemetry: set per node (the Ray node's environment, which its replicas inherit), not per job.
 ENV_LOG_FORMAT = "MSHIP_LOG_FORMAT"      # text (default) | json
 ENV_LOG_LEVEL = "MSHIP_LOG_LEVEL"        # DEBUG | INFO (default) | WARNING | ERROR
@@ -81,4 +83,4 @@ ENV_GCS_STORAGE_NAMESPACE = "RAY_external_storage_namespace"  # the GCS's key pr
 PLATFORM_ENV = (ENV_CACHE_DIR, ENV_REDIS_PASSWORD, ENV_TRUST_IDENTITY_HEADER, ENV_COMPACTION_KEY,
                 ENV_TRUSTED_IDENTITY_HEADER, ENV_API_KEYS, ENV_API_KEYS_FILE, ENV_RATE_LIMITS_FILE,
                 ENV_MAX_REQUEST_BODY_BYTES, ENV_CORS_ORIGINS, ENV_AUDIT_LOG, ENV_AUDIT_CONTENT,
-                ENV_BREAKER_FAILURES, ENV_BREAKER_COOLDOWN_S)
+                ENV_BREAKER_FAILURES, ENV_BREAKER_COOLDOWN_S, ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S)

@@ -10,7 +10,13 @@ import grpc
 import pytest
 
 from mship.worker.v1 import worker_pb2_grpc
-from services.common.vocabulary import ENV_API_KEYS_FILE, ENV_LOG_FORMAT, ENV_LOG_LEVEL, ENV_RATE_LIMITS_FILE
+from services.common.vocabulary import (
+    ENV_API_KEYS_FILE,
+    ENV_LOG_FORMAT,
+    ENV_LOG_LEVEL,
+    ENV_MCP_ALLOWED_HOSTS,
+    ENV_RATE_LIMITS_FILE,
+)
 from tests.otlp_receiver import OtlpReceiver
 from tests.platform_process import PlatformProcess
 from tests.redis_server import RedisServer
@@ -105,7 +111,8 @@ def platform(tiny_model: str, redis_store: RedisServer, syslog: SyslogListener, 
     limits.write_text("{}\n")
     proc = PlatformProcess.start(config, home / "mship.log", gateway_replicas=2, state_store=redis_store.url,
                                  env={ENV_API_KEYS_FILE: str(keys), ENV_RATE_LIMITS_FILE: str(limits),
-                                      ENV_LOG_FORMAT: "json", ENV_LOG_LEVEL: "DEBUG"},
+                                      ENV_LOG_FORMAT: "json", ENV_LOG_LEVEL: "DEBUG",
+                                      ENV_MCP_ALLOWED_HOSTS: "127.0.0.1"},  # test_mcp_loop's servers
                                  extra=("--log-target", syslog.target, "--otel-endpoint", otlp.endpoint))
     proc.api_key = DEFAULT_KEY
     try:

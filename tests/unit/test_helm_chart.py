@@ -95,6 +95,7 @@ def all_on(values: dict) -> dict:
     values.setdefault("ray", {}).setdefault("autoscaling", {})["enabled"] = True
     values.setdefault("huggingFace", {})["tokenSecret"] = {"name": "hf", "key": "token"}
     values.setdefault("gateway", {})["apiKeysSecret"] = "keys"
+    values["gateway"]["mcpAllowedHosts"] = "mcp.internal:443,10.0.0.0/8"
     return values
 
 
@@ -231,7 +232,10 @@ def test_capability_resources_and_environment_are_the_codes(chart: helm_python.C
         assert mship_env <= known_env, f"variables no code reads: {sorted(mship_env - known_env)}"
         assert vocabulary.ENV_RAY_AUTH_TOKEN in env and vocabulary.ENV_CACHE_DIR in env
     head_env = env_names(ray_container(cluster["headGroupSpec"]["template"]["spec"]))
-    assert {vocabulary.ENV_REDIS_PASSWORD, vocabulary.ENV_COMPACTION_KEY, vocabulary.ENV_API_KEYS_FILE} <= head_env
+    assert {vocabulary.ENV_REDIS_PASSWORD, vocabulary.ENV_COMPACTION_KEY, vocabulary.ENV_API_KEYS_FILE,
+            vocabulary.ENV_MCP_ALLOWED_HOSTS} <= head_env
+    # what reaches the gateway replicas is the head's environment (the job's runtime_env)
+    assert {vocabulary.ENV_MCP_ALLOWED_HOSTS, vocabulary.ENV_API_KEYS_FILE} <= set(vocabulary.PLATFORM_ENV)
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)

@@ -130,7 +130,7 @@ def test_missing_model_and_input():
      "input[0].content[0].image_url", "needs an 'image_url'"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "previous_response_id"),
     ({"input": [{"id": "msg_1"}]}, "input[0].type", "Item references"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type", "only 'function' tools"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type", "only 'function' and 'mcp' tools"),
     ({"tool_choice": {"type": "file_search"}, "tools": [WEATHER]}, "tool_choice.type", "not supported"),
     ({"conversation": "conv_1"}, "conversation", "previous_response_id"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt", "Prompt templates"),

@@ -14,12 +14,15 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import AsyncGenerator
+from functools import partial
 from typing import Any
 
 from mship.state.v1 import state_pb2 as spb
 from services.common.routes import RouteTable
 from services.gateway.generation import cancel_everywhere, open_generation
 from services.gateway.protocol_common.openai_error import OpenAIError
+from services.gateway.responses.mcp_loop import opener, run_mcp_turn
 from services.gateway.responses.turns import Events, Turn, run_turn
 from services.state.client import Conflict, StateClient, StateError
 
@@ -37,6 +40,10 @@ def replayed(event: spb.RunEvent) -> dict[str, Any]:
     data = json.loads(event.event_json)
     data["sequence_number"] = event.sequence - 1
     return data
+
+
+class RunCancelled(Exception):
+    """The run is no longer in progress in the store (cancelled from anywhere)."""
 
 
 class BackgroundRuns:
@@ -67,16 +74,10 @@ class BackgroundRuns:
                                             expected=[spb.RUN_STATUS_QUEUED], owner=self.owner, lease_s=LEASE_S)
             await self._append(run, encoder.in_progress())
             renewer = asyncio.get_running_loop().create_task(self._renew(run, asyncio.current_task()))
-            try:
-                generation = await open_generation(self.table, run.req.model, run.infer, input_param="input",
-                                                   ticket=run.ticket, identity=run.identity)
-            except OpenAIError as e:
-                await self._finish(run, encoder.error_out(e))
-                return
-            async with contextlib.aclosing(run_turn(encoder, generation, lambda out: self._finish(run, out))) as turn:
+            async with contextlib.aclosing(await self._events(run)) as turn:
                 async for events in turn:
                     await self._append(run, events)
-        except Conflict:
+        except (Conflict, RunCancelled):
             log.info("background response %s was cancelled", rid)  # a cancel won: stop, write nothing
         except StateError as e:  # the store is gone: the lease will expire and report the run failed
             log.warning("background response %s lost the state store: %s", rid, e)
@@ -85,6 +86,25 @@ class BackgroundRuns:
         finally:
             if renewer is not None:
                 renewer.cancel()
+
+    async def _events(self, run: Turn) -> AsyncGenerator[Events, None]:
+        finish = partial(self._finish, run)
+        if run.runs_tools:  # the MCP tool loop opens its own generations
+            return run_mcp_turn(run, opener(self.table, run), finish, before_call=partial(self._still_running, run))
+        try:
+            generation = await open_generation(self.table, run.req.model, run.infer, input_param="input",
+                                               ticket=run.ticket, identity=run.identity)
+        except OpenAIError as e:
+            await self._finish(run, run.encoder.error_out(e))
+            return _nothing()
+        return run_turn(run.encoder, generation, finish)
+
+    async def _still_running(self, run: Turn) -> None:
+        """Before each MCP call: a run cancelled from another replica makes no call after the cancel
+        (this replica's lease renewal would notice only within RENEW_EVERY_S)."""
+        snapshot = await self.state.get_response(run.identity, run.encoder.id)
+        if snapshot.run.status != spb.RUN_STATUS_IN_PROGRESS:
+            raise RunCancelled(run.encoder.id)
 
     async def _append(self, run: Turn, events: Events) -> None:
         if events:
@@ -126,3 +146,9 @@ class BackgroundRuns:
         for task in list(self.tasks.values()):
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+
+async def _nothing() -> AsyncGenerator[Events, None]:
+    """A run that ended before it began (its generation could not start): nothing more to send."""
+    return
+    yield

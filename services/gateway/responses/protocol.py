@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PlainValidator, model_validator
 
 from mship.worker.v1 import worker_pb2 as pb
+from services.gateway.mcp.tools import McpServerSpec, parse_mcp_tools
 from services.gateway.protocol_common import validation
 from services.gateway.protocol_common.choices import (
     TOOL_MODES,
@@ -47,16 +48,36 @@ class FunctionTool(WireModel):
     strict: Bool | None = None  # accepted and echoed; arguments are not schema-constrained
 
 
+class McpTool(WireModel):
+    """A remote MCP server whose tools the server lists, offers the model and runs (`mcp_loop`).
+    Its values are checked together with the other servers' (`mcp.tools.parse_mcp_tools`)."""
+
+    type: Literal["mcp"]
+    server_label: Str
+    server_url: Str | None = None
+    headers: dict[Str, Str] | None = None
+    authorization: Str | None = None  # OpenAI's OAuth access token: sent as `Authorization: Bearer`
+    allowed_tools: Any = None
+    require_approval: Any = None
+    server_description: Str | None = None
+
+    def echo(self) -> dict[str, Any]:
+        """As the response repeats it: never the headers or the token (responses are stored)."""
+        return {"type": "mcp", "server_label": self.server_label, "server_url": self.server_url,
+                "allowed_tools": self.allowed_tools, "require_approval": self.require_approval,
+                "server_description": self.server_description, "headers": None}
+
+
 def _refuse_tool(value: dict[str, Any]) -> Any:
     kind = value.get("type")
     if kind is None:
         raise validation.missing("type")
-    raise invalid("type", f"Tools of type '{kind}' are not supported by this server; only 'function' tools are.",
-                  kind)
+    raise invalid("type", f"Tools of type '{kind}' are not supported by this server; only 'function' and 'mcp' "
+                  "tools are.", kind)
 
 
-Tool = tagged(validation.by_field("type", ("function",)), {
-    "function": FunctionTool, "other": Annotated[Any, PlainValidator(_refuse_tool)]}, "an object")
+Tool = tagged(validation.by_field("type", ("function", "mcp")), {
+    "function": FunctionTool, "mcp": McpTool, "other": Annotated[Any, PlainValidator(_refuse_tool)]}, "an object")
 
 
 class FunctionChoice(WireModel):
@@ -186,8 +207,17 @@ class ResponseRequest(_Inputs):
         return LOGPROBS in (self.include or [])
 
     @property
+    def function_tools(self) -> list[FunctionTool]:
+        return [t for t in self.tools or [] if isinstance(t, FunctionTool)]
+
+    @property
     def tool_names(self) -> list[str]:
-        return [t.name for t in self.tools or []]
+        return [t.name for t in self.function_tools]
+
+    @property
+    def mcp_servers(self) -> list[McpServerSpec]:
+        return parse_mcp_tools([(i, t.model_dump(exclude_none=True)) for i, t in enumerate(self.tools or [])
+                                if isinstance(t, McpTool)])
 
     @property
     def allowed_tools(self) -> set[str] | None:
@@ -206,6 +236,7 @@ class ResponseRequest(_Inputs):
                           "true.", True)
         self._check_metadata()
         self._check_tool_choice()
+        self.mcp_servers  # noqa: B018 -- checked here: a bad server is a 400 before any work
         return self
 
     def _check_metadata(self) -> None:
@@ -289,7 +320,7 @@ def to_infer_request(req: ResponseRequest, messages: Sequence[pb.ChatMessage], *
         sampling=_sampling(req),
         tools=[pb.Tool(name=t.name, description=t.description or "",
                        parameters_json=json.dumps(t.parameters) if t.parameters is not None else "")
-               for t in req.tools or []],
+               for t in req.function_tools],  # the MCP servers' tools join once listed (mcp_loop)
         tool_choice=_tool_choice(req.tool_choice),
         parallel_tool_calls=req.parallel_tool_calls is not False,
         response_format=_response_format(req.text),

@@ -82,8 +82,9 @@ def echo_fields(req: Request, *, defaults: Mapping[str, float] | None = None) ->
     return {
         **values,
         "instructions": req.instructions, "previous_response_id": req.previous_response_id,
-        "tools": [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
-                   "strict": t.strict} for t in req.tools or []],
+        "tools": [t.echo() if t.type == "mcp" else {"type": "function", "name": t.name, "description": t.description,
+                                                    "parameters": t.parameters, "strict": t.strict}
+                  for t in req.tools or []],
         "tool_choice": _tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls is not False,
         "max_output_tokens": req.max_output_tokens, "max_tool_calls": req.max_tool_calls,
         "top_logprobs": req.top_logprobs or 0, "text": {"format": _format(req), "verbosity": (
@@ -128,6 +129,8 @@ class ResponseStreamEncoder:
     (an encoder continuing a replayed stream starts past it). `response` is the object as it
     stands; after the one terminal event (`done`) it is final. The edge frames each event
     (`event:` line included) and ends the stream with `[DONE]`, as the spec asks."""
+
+    failed_dependency = False  # failed because a dependency (an MCP server) did, not the engine
 
     def __init__(self, model: str, echo: Mapping[str, Any] | None = None, *, response_id: str | None = None,
                  created_at: int | None = None, sequence_number: int = 0, logprobs: bool = False,

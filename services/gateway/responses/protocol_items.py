@@ -25,9 +25,18 @@ from services.gateway.protocol_common.validation import (
     missing,
     tagged,
 )
+from services.gateway.responses.protocol_mcp_items import (
+    DENIED,
+    MCP_ITEM_TYPES,
+    McpApprovalRequestItem,
+    McpApprovalResponseItem,
+    McpCallItem,
+    McpListToolsItem,
+    error_text,
+)
 
 ROLES = ("user", "system", "developer", "assistant")
-ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning", "compaction")
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning", "compaction", *MCP_ITEM_TYPES)
 CallId = Annotated[Str, Field(min_length=1, max_length=64)]
 Status = Literal["in_progress", "completed", "incomplete"]
 
@@ -192,7 +201,9 @@ def _refuse_item(value: dict[str, Any]) -> Any:
 
 Item = tagged(_item_kind, {
     "message": Message, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem,
-    "reasoning": ReasoningItem, "compaction": CompactionItem,
+    "reasoning": ReasoningItem, "compaction": CompactionItem, "mcp_list_tools": McpListToolsItem,
+    "mcp_call": McpCallItem, "mcp_approval_request": McpApprovalRequestItem,
+    "mcp_approval_response": McpApprovalResponseItem,
     "other": Annotated[Any, PlainValidator(_refuse_item)]}, "an object")
 Input = tagged(by_type, {"str": Str, "list": list[Item]}, "a string or an array of input items")
 _ITEM: TypeAdapter[Any] = TypeAdapter(Item)
@@ -241,19 +252,38 @@ def _chat_message(role: str, content: Any, **fields: Any) -> pb.ChatMessage:
     return out
 
 
+def _tool_call(out: list[pb.ChatMessage], call_id: str, name: str, arguments: str) -> None:
+    if not out or out[-1].role != "assistant":  # consecutive calls are one turn's parallel calls
+        out.append(pb.ChatMessage(role="assistant"))
+    out[-1].tool_calls.add(id=call_id, name=name, arguments=arguments)
+
+
 def _to_messages(instructions: str | None, items: list[Any]) -> list[pb.ChatMessage]:
     out = [pb.ChatMessage(role="system", content=instructions)] if instructions else []
     reasoning = ""  # a reasoning item belongs to the assistant turn that follows it
+    # MCP: a call the server ran is the model's call and its result; a denied approval request
+    # is a call whose result says so; listings and approved requests (their mcp_call follows) are
+    # not part of the chat
+    denied = {i.approval_request_id for i in items if isinstance(i, McpApprovalResponseItem) and not i.approve}
     for item in items:
         if isinstance(item, ReasoningItem):
             reasoning += item.text
             continue
         if isinstance(item, CompactionItem):
             raise invalid("type", "A compaction item must be expanded before conversion.", "compaction")
-        if isinstance(item, FunctionCallItem):
-            if not out or out[-1].role != "assistant":  # consecutive calls are one turn's parallel calls
-                out.append(pb.ChatMessage(role="assistant"))
-            out[-1].tool_calls.add(id=item.call_id, name=item.name, arguments=item.arguments)
+        if isinstance(item, McpListToolsItem | McpApprovalResponseItem):
+            continue
+        if isinstance(item, McpApprovalRequestItem):
+            if item.id in denied:
+                _tool_call(out, item.id, item.name, item.arguments)
+                out.append(pb.ChatMessage(role="tool", content=DENIED, tool_call_id=item.id))
+            continue
+        if isinstance(item, McpCallItem):
+            _tool_call(out, item.id, item.name, item.arguments)
+            out.append(pb.ChatMessage(role="tool", content=item.output if item.error is None else
+                                      f"Error: {error_text(item.error)}", tool_call_id=item.id))
+        elif isinstance(item, FunctionCallItem):
+            _tool_call(out, item.call_id, item.name, item.arguments)
         elif isinstance(item, FunctionCallOutputItem):
             out.append(_chat_message("tool", item.output, tool_call_id=item.call_id))
         else:

@@ -22,11 +22,13 @@ from services.gateway.protocol_common.openai_error import OpenAIError, internal_
 from services.gateway.responses.background import BackgroundRuns, replayed
 from services.gateway.responses.compaction import SUMMARY_MAX_TOKENS, SUMMARY_PROMPT, CompactionCodec
 from services.gateway.responses.conversation import item_dict, load_history, store_error
+from services.gateway.responses.mcp_loop import check_approvals, opener, run_mcp_turn
 from services.gateway.responses.protocol import ResponseRequest, parse_compact_request, parse_response_request
 from services.gateway.responses.protocol import to_infer_request as infer_request
 from services.gateway.responses.protocol_events import ResponseStreamEncoder
 from services.gateway.responses.protocol_items import check_call_ids, to_messages
-from services.gateway.responses.turns import EventBatches, Events, Turn, run_turn
+from services.gateway.responses.protocol_mcp_events import McpStreamEncoder
+from services.gateway.responses.turns import EventBatches, Events, Finish, Turn, run_turn
 from services.state.client import Conflict, NotFound, StateClient, StateError
 
 
@@ -57,7 +59,9 @@ class ResponsesServing:
         check_call_ids(history, req.input_items)
         inputs = self.codec.expand(req.input_items)
         messages = to_messages(req.instructions, history, inputs)
-        encoder = ResponseStreamEncoder.for_request(req)
+        servers = req.mcp_servers
+        check_approvals(history, [item_dict(i) for i in inputs], servers)
+        encoder = (McpStreamEncoder if servers else ResponseStreamEncoder).for_request(req)
         infer = infer_request(req, messages, request_id=encoder.id, cache_salt=cache_salt_for(identity))
         ticket = await self.admission.admit_generation(caller, req.model, size, infer)
         return Turn(req, identity, history, [item_dict(i) for i in inputs], encoder, infer, ticket)
@@ -66,7 +70,15 @@ class ResponsesServing:
         return await open_generation(self.table, turn.req.model, turn.infer, input_param="input",
                                      ticket=turn.ticket, identity=turn.identity)
 
-    def stream(self, turn: Turn, generation: Generation) -> EventBatches:
+    def events(self, turn: Turn, generation: Generation | None, finish: Finish,
+               opening: Events | None = None) -> AsyncIterator[Events]:
+        """The turn's event batches: one generation's, or the MCP tool loop's (which opens its own)."""
+        if turn.runs_tools:
+            return run_mcp_turn(turn, opener(self.table, turn), finish, opening)
+        assert generation is not None
+        return run_turn(turn.encoder, generation, finish, opening)
+
+    def stream(self, turn: Turn, generation: Generation | None) -> EventBatches:
         """The turn's events, from `response.created`; the snapshot is stored before the terminal
         event goes out, so a client that saw `response.completed` can always continue from it."""
         async def store_then_end(out: Events) -> Events:
@@ -76,16 +88,17 @@ class ResponsesServing:
                 except OpenAIError as e:
                     out = [*out[:-1], turn.encoder.error_event(e)]
             return out
-        return EventBatches(run_turn(turn.encoder, generation, store_then_end, opening=turn.encoder.start()),
+        return EventBatches(self.events(turn, generation, store_then_end, opening=turn.encoder.start()),
                             generation)
 
-    async def _whole(self, turn: Turn, generation: Generation) -> dict[str, Any]:
-        """Run the turn to its end: the response object (a failed one is a 500)."""
+    async def _whole(self, turn: Turn, generation: Generation | None) -> dict[str, Any]:
+        """Run the turn to its end: the response object (failed by the engine: a 500; failed by an
+        MCP server: the failed response, its error saying which and why)."""
         async def end(out: Events) -> Events:
-            if turn.encoder.status == "failed":
+            if turn.encoder.status == "failed" and not turn.encoder.failed_dependency:
                 raise internal_error()
             return out
-        async for _ in run_turn(turn.encoder, generation, end):
+        async for _ in self.events(turn, generation, end):
             pass
         return turn.encoder.response
 
@@ -108,7 +121,7 @@ class ResponsesServing:
             except StateError as e:
                 raise store_error(e) from e
             return self.replay(identity, turn.encoder.id, -1) if req.stream else response
-        generation = await guard(self.open(turn))
+        generation = None if turn.runs_tools else await guard(self.open(turn))
         if req.stream:
             return self.stream(turn, generation)
         response = await guard(self._whole(turn, generation))

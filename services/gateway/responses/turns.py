@@ -17,6 +17,7 @@ from services.gateway.generation import Generation
 from services.gateway.responses.conversation import snapshot_of
 from services.gateway.responses.protocol import ResponseRequest
 from services.gateway.responses.protocol_events import ResponseStreamEncoder
+from services.gateway.responses.protocol_mcp_events import McpStreamEncoder
 
 Events = list[dict[str, Any]]
 # Called with the batch holding the terminal event before it goes out; returns what goes out instead.
@@ -37,6 +38,11 @@ class Turn:
 
     def snapshot(self, response: dict[str, Any]) -> spb.StoredResponse:
         return snapshot_of(self.identity, response, self.history, self.inputs, self.req.previous_response_id)
+
+    @property
+    def runs_tools(self) -> bool:
+        """Its tools include MCP servers: the server runs the tool loop (`mcp_loop`)."""
+        return isinstance(self.encoder, McpStreamEncoder)
 
     @property
     def conversation(self) -> list[dict[str, Any]]:

@@ -87,7 +87,7 @@ class ResponsesSocket:
         try:
             turn = await self.serving.prepare(req, self.caller, len(message),
                                              history=self._history(req.previous_response_id))
-            generation = await self.serving.open(turn)
+            generation = None if turn.runs_tools else await self.serving.open(turn)  # MCP: the loop opens
         except OpenAIError:
             self._drop(req.previous_response_id)  # refused, or the call failed before its first event
             raise

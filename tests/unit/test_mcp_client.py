@@ -1,0 +1,230 @@
+"""`services.gateway.mcp.client` against a real MCP server (`tests/mcp_server.py`: the SDK's
+MCPServer over streamable HTTP on 127.0.0.1): listing, calling, headers, failures, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from services.common.vocabulary import ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S
+from services.gateway.mcp.client import (
+    DEFAULT_TIMEOUT_S,
+    ListedToolsCache,
+    McpClient,
+    McpToolError,
+    McpUnavailable,
+    ToolResult,
+    timeout_from_env,
+)
+from services.gateway.mcp.egress import EgressPolicy, EgressRefused
+from services.gateway.mcp.tools import ListedTool, McpServerSpec, parse_mcp_tool
+from tests.mcp_server import HEADER_TOOL_NAME, McpTestServer
+
+SECRET = "s3cr3t-header-value"
+LOCAL = EgressPolicy.parse("127.0.0.1,localhost")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[McpTestServer]:
+    with McpTestServer() as s:
+        s.start()
+        yield s
+
+
+def spec_for(url: str, **kw: Any) -> McpServerSpec:
+    return parse_mcp_tool({"type": "mcp", "server_label": "weather", "server_url": url, **kw})
+
+
+def client(url: str, timeout_s: float = 10, **kw: Any) -> McpClient:
+    return McpClient(spec_for(url, **kw), timeout_s=timeout_s, policy=LOCAL, cache=None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_list_tools(server: McpTestServer) -> None:
+    tools = {t.name: t for t in await client(server.url).list_tools()}
+    assert {"lookup_weather", "slow", "broken", "forecast", HEADER_TOOL_NAME} <= set(tools)
+    weather = tools["lookup_weather"]
+    assert weather.description == "Look up the current weather in a city."
+    assert weather.input_schema["properties"]["city"]["type"] == "string"
+    assert weather.input_schema["required"] == ["city"]
+    assert weather.as_dict()["name"] == "lookup_weather"
+
+
+async def test_allowed_tools_filter(server: McpTestServer) -> None:
+    tools = await client(server.url, allowed_tools=["lookup_weather", "not_there"]).list_tools()
+    assert [t.name for t in tools] == ["lookup_weather"]
+    with pytest.raises(McpToolError, match="not in its allowed_tools"):
+        await client(server.url, allowed_tools=["lookup_weather"]).call_tool("broken", {})
+
+
+async def test_call_tool(server: McpTestServer) -> None:
+    result = await client(server.url).call_tool("lookup_weather", {"city": "Oslo"})
+    assert result == ToolResult("Sunny, 21 C in Oslo", False, {"result": "Sunny, 21 C in Oslo"})
+    assert ("lookup_weather", {"city": "Oslo"}) in [(c.tool, c.arguments) for c in server.calls]
+
+
+async def test_structured_result_is_json_text(server: McpTestServer) -> None:
+    result = await client(server.url).call_tool("forecast", {"city": "Rome", "days": 1})
+    assert not result.is_error and result.structured == {"city": "Rome", "days": [{"day": 0, "sky": "sunny"}]}
+    assert '"city": "Rome"' in result.text
+
+
+async def test_tool_error_is_a_result_with_is_error(server: McpTestServer) -> None:
+    result = await client(server.url).call_tool("broken", {})
+    assert result.is_error and "the weather station is on fire" in result.text
+    with pytest.raises(McpToolError):
+        result.raise_for_error()
+    unknown = await client(server.url).call_tool("no_such_tool", {})  # MCPServer answers isError, not an MCP error
+    assert unknown.is_error and "no_such_tool" in unknown.text
+
+
+async def test_mcp_error_is_a_tool_error(server: McpTestServer) -> None:
+    with pytest.raises(McpToolError, match="MCP server 'weather' refused to call 'refuse': refused: this call is"):
+        await client(server.url).call_tool("refuse", {})
+
+
+async def test_headers_are_sent_and_never_logged(server: McpTestServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = f"{server.url}?key=query-secret"
+    c = client(url, headers={"X-Api-Key": SECRET}, authorization="tok-secret")
+    assert (await c.call_tool(HEADER_TOOL_NAME, {"header": "x-api-key"})).text == SECRET
+    assert (await c.call_tool(HEADER_TOOL_NAME, {"header": "authorization"})).text == "Bearer tok-secret"
+    assert all(r.headers.get("x-api-key") == SECRET for r in server.requests[-2:])
+    await c.list_tools()
+    with pytest.raises(McpUnavailable) as info:
+        await client(url.replace("/mcp", "/nope"), headers={"X-Api-Key": SECRET}).list_tools()
+    text = caplog.text + str(info.value) + repr(c)
+    assert "weather" in caplog.text
+    for secret in (SECRET, "tok-secret", "query-secret"):
+        assert secret not in text
+
+
+async def test_http_errors_are_unavailable() -> None:
+    with McpTestServer(required_headers={"X-Api-Key": SECRET}) as guarded:
+        guarded.start()
+        with pytest.raises(McpUnavailable, match="HTTP 401 Unauthorized"):
+            await client(guarded.url).list_tools()
+        with pytest.raises(McpUnavailable, match="HTTP 401"):
+            await client(guarded.url, headers={"X-Api-Key": "wrong"}).call_tool("lookup_weather", {"city": "x"})
+        ok = await client(guarded.url, headers={"x-api-key": SECRET}).call_tool("lookup_weather", {"city": "Bern"})
+        assert ok.text == "Sunny, 21 C in Bern"
+
+
+async def test_unresolvable_host_is_unavailable() -> None:
+    async def no_dns(host: str, port: int) -> list[str]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    c = McpClient(spec_for("http://gone.test/mcp"), policy=EgressPolicy.parse("gone.test", resolver=no_dns),
+                  cache=None)
+    with pytest.raises(McpUnavailable, match="does not resolve"):
+        await c.list_tools()
+
+
+async def test_unreachable_port_is_unavailable_quickly() -> None:
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(McpUnavailable, match=rf"MCP server 'weather' at 127.0.0.1:{port} is unreachable"):
+        await client(f"http://127.0.0.1:{port}/mcp").list_tools()
+    assert time.monotonic() - started < 2
+
+
+async def test_not_an_mcp_endpoint(server: McpTestServer) -> None:
+    with pytest.raises(McpUnavailable, match="HTTP 404"):
+        await client(server.url.replace("/mcp", "/elsewhere")).list_tools()
+
+
+async def test_timeout_is_unavailable(server: McpTestServer) -> None:
+    started = time.monotonic()
+    with pytest.raises(McpUnavailable, match=r"no answer within 0.5 s"):
+        await client(server.url, timeout_s=0.5).call_tool("slow", {"seconds": 5})
+    assert time.monotonic() - started < 2
+
+
+async def test_silent_server_times_out() -> None:
+    """A server that accepts and never answers: the deadline covers connecting and the handshake."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        started = time.monotonic()
+        with pytest.raises(McpUnavailable, match="no answer within"):
+            await client(f"http://127.0.0.1:{listener.getsockname()[1]}/mcp", timeout_s=0.5).list_tools()
+        assert time.monotonic() - started < 2
+
+
+async def test_egress_refusal_comes_before_any_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.3)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/mcp"
+        refusing = McpClient(spec_for(url), policy=EgressPolicy.parse("127.0.0.1:1"), cache=None)
+        with pytest.raises(EgressRefused, match=ENV_MCP_ALLOWED_HOSTS):
+            await refusing.list_tools()
+        monkeypatch.delenv(ENV_MCP_ALLOWED_HOSTS, raising=False)  # the default: the environment's, empty
+        with pytest.raises(EgressRefused, match="is empty"):
+            await McpClient(spec_for(url), cache=None).call_tool("lookup_weather", {"city": "x"})
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nobody connected
+
+
+async def test_env_allows_and_times(monkeypatch: pytest.MonkeyPatch, server: McpTestServer) -> None:
+    monkeypatch.setenv(ENV_MCP_ALLOWED_HOSTS, "localhost")
+    monkeypatch.setenv(ENV_MCP_TIMEOUT_S, "7.5")
+    c = McpClient(spec_for(server.url.replace("127.0.0.1", "localhost")), cache=None)
+    assert c.timeout_s == 7.5
+    assert (await c.call_tool("lookup_weather", {"city": "Lima"})).text == "Sunny, 21 C in Lima"
+    assert timeout_from_env({}) == DEFAULT_TIMEOUT_S
+    assert timeout_from_env({ENV_MCP_TIMEOUT_S: "-1"}) == DEFAULT_TIMEOUT_S
+    assert timeout_from_env({ENV_MCP_TIMEOUT_S: "soon"}) == DEFAULT_TIMEOUT_S
+
+
+async def test_cancelling_a_call_closes_it_promptly(server: McpTestServer) -> None:
+    before = asyncio.all_tasks()
+    task = asyncio.create_task(client(server.url, timeout_s=30).call_tool("slow", {"seconds": 30}))
+    assert await asyncio.to_thread(server.wait_slow_started, 10)
+    started = time.monotonic()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 1)
+    assert time.monotonic() - started < 1
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+    assert {t for t in asyncio.all_tasks() - before if not t.done()} == set()  # nothing left behind
+    assert await asyncio.to_thread(server.wait_cancelled, "slow", 5)  # the server saw its request go away
+
+
+async def test_cache_serves_a_second_listing(server: McpTestServer) -> None:
+    now = [0.0]
+    cache = ListedToolsCache(ttl_s=300, clock=lambda: now[0])
+    spec = spec_for(server.url, allowed_tools=["lookup_weather"])
+    first = await McpClient(spec, policy=LOCAL, cache=cache).list_tools()
+    posts = len(server.requests)
+    assert await McpClient(spec, policy=LOCAL, cache=cache).list_tools() == first
+    assert len(server.requests) == posts  # no request: from the cache
+    now[0] = 301
+    assert await McpClient(spec, policy=LOCAL, cache=cache).list_tools() == first
+    assert len(server.requests) > posts  # expired: listed again
+
+
+def test_cache_keys_and_lru() -> None:
+    cache = ListedToolsCache(ttl_s=300, max_entries=2)
+    a, b, c = (spec_for(f"http://127.0.0.1:{p}/mcp") for p in (1, 2, 3))
+    tools = [ListedTool("t")]
+    cache.put(a, tools)
+    assert cache.get(spec_for("http://127.0.0.1:1/mcp", allowed_tools=["t"])) is None  # other allowed_tools
+    assert cache.get(spec_for("http://127.0.0.1:1/mcp", headers={"Authorization": "other caller"})) is None
+    cache.put(b, tools)
+    assert cache.get(a) == tools  # a is now the most recent
+    cache.put(c, tools)
+    assert cache.get(b) is None and cache.get(a) == tools and cache.get(c) == tools
