@@ -15,6 +15,7 @@ from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.coordinator.v1 import coordinator_pb2_grpc
 from services.common.channels import aio_channel
 from services.common.routes import RouteTable
+from services.gateway.protocol_common.openai_error import OpenAIError
 
 
 def readiness_router(table: RouteTable, coordinator: str) -> APIRouter:
@@ -28,9 +29,8 @@ def readiness_router(table: RouteTable, coordinator: str) -> APIRouter:
     async def readyz(scope: str = "models") -> Response:
         """`?scope=gateway`: 200 as soon as this gateway routes (a Kubernetes readiness probe: one
         model's trouble must not take every gateway out of the Service); default: the models too."""
-        if scope not in ("models", "gateway"):
-            return JSONResponse({"error": {"message": "'scope' must be 'models' or 'gateway'.", "type":
-                                           "invalid_request_error", "param": "scope", "code": None}}, 400)
+        if scope not in ("models", "gateway"):  # the edge's one error path makes the OpenAI error object
+            raise OpenAIError(400, "'scope' must be 'models' or 'gateway'.", param="scope")
         pending, unhealthy = sorted(table.pending), sorted(table.unhealthy)
         idle = sorted(name for name, route in table.routes.items() if route.scale_to_zero and not route.endpoints)
         loaded = sorted(set(table.routes) - set(idle))
