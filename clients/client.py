@@ -8,6 +8,11 @@ worker aborts the engine request.
         reply = await client.chat("chat", [{"role": "user", "content": "hi"}], max_tokens=32)
         async for delta in client.stream_chat("chat", messages):
             print(delta.text, end="")
+
+Replica choice is prefix affinity by default (calls that share a system prompt or a conversation's
+first message go to the replica whose prefix cache holds it, while it is not much busier than the
+others); `picker=LeastOutstanding()` turns it off. `cache_salt` keeps one caller's prefix cache
+apart from another's, as the gateway does per identity.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import grpc
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.errors import ErrorDetails
 from services.common.infer import UpstreamError, call_unary, open_infer
+from services.common.picker import PrefixAffinity, ReplicaPicker
 from services.common.routes import RouteTable, RoutingWatcher
 
 SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
@@ -58,9 +64,10 @@ def _messages(messages: list[dict[str, Any]]) -> list[pb.ChatMessage]:
 
 
 class MshipClient:
-    def __init__(self, coordinator: str, *, token: str | None = None, ready_timeout_s: float = 30.0) -> None:
+    def __init__(self, coordinator: str, *, token: str | None = None, ready_timeout_s: float = 30.0,
+                 picker: ReplicaPicker | None = None) -> None:
         """`token`: the cluster token when the platform has auth on (default: MSHIP_RAY_AUTH_TOKEN)."""
-        self.table = RouteTable(token=token)
+        self.table = RouteTable(picker or PrefixAffinity(), token=token)
         self._watcher = RoutingWatcher(coordinator, self.table, f"client-{uuid.uuid4().hex[:8]}")
         self._ready_timeout_s = ready_timeout_s
 
@@ -82,25 +89,26 @@ class MshipClient:
         return sorted(self.table.routes)
 
     def _request(self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 sampling: dict[str, Any]) -> pb.InferRequest:
+                 cache_salt: str, sampling: dict[str, Any]) -> pb.InferRequest:
         unknown = set(sampling) - SAMPLING_FIELDS
         if unknown:
             raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
         return pb.InferRequest(
             request_id=uuid.uuid4().hex, model=model, chat=pb.ChatInput(messages=_messages(messages)),
-            sampling=pb.SamplingParams(**sampling), parse_reasoning=True,
+            sampling=pb.SamplingParams(**sampling), parse_reasoning=True, cache_salt=cache_salt,
             tools=[pb.Tool(name=t["function"]["name"], description=t["function"].get("description", ""),
                            parameters_json=json.dumps(t["function"].get("parameters", {}))) for t in tools or []])
 
     async def stream_chat(self, model: str, messages: list[dict[str, Any]], *,
                           tools: list[dict[str, Any]] | None = None, timeout_s: float | None = None,
-                          **sampling: Any) -> AsyncIterator[pb.InferEvent]:
+                          cache_salt: str = "", **sampling: Any) -> AsyncIterator[pb.InferEvent]:
         """Yield the worker's events (deltas, then one final). Leaving the loop cancels the call."""
         if model not in self.table.routes:
             raise MshipError(ErrorDetails(grpc.StatusCode.NOT_FOUND, f"model {model!r} is not served",
                                           reason="MODEL_NOT_FOUND"))
         try:
-            stream = await open_infer(self.table, model, self._request(model, messages, tools, sampling), timeout_s)
+            stream = await open_infer(self.table, model, self._request(model, messages, tools, cache_salt, sampling),
+                                      timeout_s)
         except UpstreamError as e:
             raise MshipError(e.details) from e
         try:

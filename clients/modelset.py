@@ -4,7 +4,9 @@ models:
   - name: chat                    # the OpenAI `model` id
     model: builtin:gemma-3-270m   # builtin:NAME, a Hugging Face id or a local path
     loader: vllm                  # vllm | llama_cpp (GGUF: a .gguf path, hf:ORG/REPO/FILE.gguf, a builtin)
-    usecase: generate             # generate | embed
+                                  # | piper (speech: builtin:piper-joe or a voice .onnx)
+                                  # | faster_whisper (transcription: builtin:whisper-base or a CTranslate2 dir)
+    usecase: generate             # generate | embed | speech | transcription (the audio loaders' own by default)
     num_cpus: 0.5
     num_gpus: 0
     num_replicas: 1               # or autoscaling_config: {min_replicas, max_replicas, ...}
@@ -33,9 +35,11 @@ from google.protobuf import struct_pb2
 
 from mship.common.v1 import common_pb2
 from services.common.vocabulary import (
+    AUDIO_BUILTINS,
     GGUF_BUILTINS,
     LLAMA_CPP_KEYS,
     LLAMA_RUNTIMES,
+    LOADER_USECASES,
     LOADERS,
     REASONING_PARSERS,
     TOOL_PARSERS,
@@ -105,7 +109,9 @@ def parse_model(entry: Any, source: str, where: str) -> common_pb2.ModelSpec:
                           "use letters, digits and . _ : - (at most 64 characters)")
     spec.name, spec.model = entry["name"], entry["model"]
     spec.loader = _choice(entry, "loader", LOADERS, "vllm", source, where)
-    spec.usecase = _choice(entry, "usecase", USECASES, "generate", source, where)
+    loader = entry.get("loader", "vllm")
+    spec.usecase = _choice(entry, "usecase", USECASES, LOADER_USECASES.get(loader, "generate"), source, where)
+    _audio(entry, loader, source, where)
     if spec.loader == common_pb2.LOADER_LLAMA_CPP:
         _llama_cpp(entry, spec, source, where)
     elif (llama_only := sorted(set(entry) & set(LLAMA_CPP_KEYS))):
@@ -178,6 +184,29 @@ def _llama_cpp(entry: dict, spec: common_pb2.ModelSpec, source: str, where: str)
         if "usecase" in entry and spec.usecase != usecase:
             raise ConfigError(source, f"{where}.embeddings", "contradicts `usecase:`", "keep one of them")
         spec.usecase = usecase
+
+
+def _audio(entry: dict, loader: str, source: str, where: str) -> None:
+    """The audio loaders serve their one usecase, and the audio builtins need their loader."""
+    own = LOADER_USECASES.get(loader)
+    if own is not None and entry.get("usecase", own) != own:
+        raise ConfigError(source, f"{where}.usecase", f"the {loader} loader serves `usecase: {own}` only",
+                          f"write `usecase: {own}`, or leave it out")
+    if own is None and entry.get("usecase") in LOADER_USECASES.values():
+        wanted = [name for name, usecase in LOADER_USECASES.items() if usecase == entry["usecase"]]
+        raise ConfigError(source, f"{where}.usecase", f"`usecase: {entry['usecase']}` needs an audio loader",
+                          f"set `loader: {wanted[0]}`")
+    ref = entry["model"]
+    if not ref.startswith("builtin:"):
+        return
+    name = ref.removeprefix("builtin:")
+    for audio_loader, names in AUDIO_BUILTINS.items():
+        if name in names and loader != audio_loader:
+            raise ConfigError(source, f"{where}.loader", f"{ref} is served by the {audio_loader} loader",
+                              f"set `loader: {audio_loader}`")
+    if own is not None and name not in AUDIO_BUILTINS[loader]:
+        raise ConfigError(source, f"{where}.model", f"{ref} is no model of the {loader} loader",
+                          f"use one of {', '.join('builtin:' + n for n in AUDIO_BUILTINS[loader])} or a local path")
 
 
 def _choice(entry: dict, key: str, choices: dict[str, int], default: str, source: str, where: str) -> int:

@@ -7,7 +7,10 @@ admission, parsing, streaming, cancellation, the gRPC wire) is the real code.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import math
+import struct
+import threading
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -15,7 +18,20 @@ from grpc_health.v1 import health, health_pb2
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
-from services.worker.engine import ChoiceDelta, Engine, EngineStats, Prompt, RenderRequest, StepOutput
+from services.common.errors import invalid_parameter
+from services.worker.audio_engine import AudioEngine
+from services.worker.engine import (
+    ChoiceDelta,
+    Engine,
+    EngineStats,
+    Prompt,
+    RenderRequest,
+    StepOutput,
+    TranscribeOptions,
+    TranscriptInfo,
+    TranscriptSegment,
+    TranscriptWord,
+)
 from services.worker.host import SERVICE_NAME, ModelHost
 from services.worker.request_gate import RequestGate
 from services.worker.server import worker_server
@@ -88,6 +104,65 @@ class ScriptedEngine(Engine):
 
     async def shutdown(self):
         pass
+
+
+class AudioDouble(AudioEngine):
+    """A voice and an ear on the real `AudioEngine` thread runner. `synthesize` speaks each sentence
+    of the input (split at ".") as `SENTENCE_S` seconds of a tone; `transcribe` hears `segments`,
+    one per unit of work. With `permits` set (a threading.Semaphore), each unit waits for a permit,
+    so a test can hold the engine mid-work. `units` counts the units done, `heard` what each
+    transcription received; the voice "nobody" is refused, like an unknown speaker."""
+
+    supports_speech = True
+    supports_transcription = True
+    sample_rate = 8000
+    SENTENCE_S = 0.25
+
+    def __init__(self, segments: tuple[str, ...] = (" Hello", " world.")) -> None:
+        super().__init__()
+        self.segments = segments
+        self.permits: threading.Semaphore | None = None
+        self.units = 0
+        self.heard: list[tuple[bytes, TranscribeOptions]] = []
+
+    def _unit(self) -> None:
+        if self.permits is not None and not self.permits.acquire(timeout=10):
+            raise RuntimeError("no permit for the next unit")
+        self.units += 1
+
+    def tone(self) -> bytes:
+        n = int(self.sample_rate * self.SENTENCE_S)
+        return struct.pack(f"<{n}h", *(int(8000 * math.sin(i / 4)) for i in range(n)))
+
+    async def synthesize(self, text, voice, speed, request_id) -> AsyncIterator[bytes]:
+        if voice == "nobody":
+            raise invalid_parameter("voice", "unknown voice 'nobody'")
+        sentences = [s for s in text.split(".") if s.strip()]
+
+        def work(stop: threading.Event) -> Iterator[bytes]:
+            for _ in sentences:
+                self._unit()
+                self.count_audio(self.SENTENCE_S)
+                yield self.tone()
+
+        async for pcm in self.run_blocking(request_id, work):
+            yield pcm
+
+    async def transcribe(self, audio, options, request_id) -> AsyncIterator[TranscriptInfo | TranscriptSegment]:
+        self.heard.append((audio, options))
+        if options.language == "xx":
+            raise invalid_parameter("language", "unknown language 'xx'")
+
+        def work(stop: threading.Event) -> Iterator[TranscriptInfo | TranscriptSegment]:
+            yield TranscriptInfo(options.language or "en", 0.99, len(self.segments) * 1.5)
+            for i, text in enumerate(self.segments):
+                self._unit()
+                self.count_audio(1.5)
+                words = [TranscriptWord(i * 1.5, i * 1.5 + 1.0, text.strip(), 0.9)] if options.word_timestamps else []
+                yield TranscriptSegment(i + 1, i * 1.5, (i + 1) * 1.5, text, tokens=[50364 + i], words=words)
+
+        async for item in self.run_blocking(request_id, work):
+            yield item
 
 
 @dataclass

@@ -47,7 +47,16 @@ def _llama_cpp() -> bool:
     return done.returncode == 0
 
 
-PROBES: dict[str, Callable[[], bool]] = {"vllm": _vllm, "llama_cpp": _llama_cpp}
+def _installed(*names: str) -> Callable[[], bool]:
+    """The audio engines: their packages are installed (found without importing them)."""
+    return lambda: all(importlib.util.find_spec(name) is not None for name in names)
+
+
+PROBES: dict[str, Callable[[], bool]] = {
+    "vllm": _vllm, "llama_cpp": _llama_cpp,
+    "piper": _installed("piper", "onnxruntime"),  # piper-tts (espeak-ng inside) on onnxruntime
+    "faster_whisper": _installed("faster_whisper", "ctranslate2", "av"),  # CTranslate2; PyAV decodes uploads
+}
 
 
 def parse(text: str) -> list[str]:

@@ -173,8 +173,11 @@ def end_processes(procs: list[psutil.Process], deadline: StopDeadline) -> None:
 
     def gone() -> bool:
         nonlocal running
-        _, running = psutil.wait_procs(running, timeout=0)  # reaps our own children as they exit
-        running = [p for p in running if alive(p)]
+        still = [p for p in running if alive(p)]
+        # Reap our own children that exited, zombies included. Filtering after the reap would drop
+        # one that exited in between as a zombie nobody reaps.
+        psutil.wait_procs(running, timeout=0)
+        running = still
         return not running
 
     if deadline.wait(gone, deadline.remaining()):

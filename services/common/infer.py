@@ -1,4 +1,4 @@
-"""Calls to a worker replica: try the endpoints in the route table's order (least loaded first),
+"""Calls to a worker replica: try the endpoints in the route table's order (the picker's order),
 retry another one while nothing has been answered (before an Infer stream's first token, or a
 unary call such as Embed), cancel an Infer call to abort the engine request. Shared by the gateway
 and the Python client."""
@@ -12,6 +12,7 @@ from typing import TypeVar
 import grpc
 
 from mship.worker.v1 import worker_pb2 as pb
+from services.common.affinity import prefix_key
 from services.common.errors import ErrorDetails
 from services.common.routes import Endpoint, RouteTable
 
@@ -45,10 +46,10 @@ def _no_replica(model: str, last: ErrorDetails | None) -> UpstreamError:
                                               reason="NOT_READY", retry_after_s=1.0))
 
 
-async def _endpoints(table: RouteTable, model: str) -> list[Endpoint]:
-    """The endpoints to try, best first; for a model at zero replicas, after its cold start (which
-    answers [] at once for any other model without endpoints)."""
-    return table.candidates(model) or await table.cold_start(model)
+async def _endpoints(table: RouteTable, model: str, affinity: str | None = None) -> list[Endpoint]:
+    """The endpoints to try, best first (`affinity`: the call's prefix key); for a model at zero
+    replicas, after its cold start (which answers [] at once for any other model without endpoints)."""
+    return table.candidates(model, affinity) or await table.cold_start(model)
 
 
 async def call_unary(table: RouteTable, model: str, call: Callable[[Endpoint], Awaitable[T]]) -> T:
@@ -129,12 +130,21 @@ class InferStream:
 
 async def open_infer(table: RouteTable, model: str, request: pb.InferRequest,
                      timeout_s: float | None = None, metadata: tuple[tuple[str, str | bytes], ...] = ()) -> InferStream:
-    """Start the call on the best endpoint and wait for its first event. Every stream that does not
-    come back to the caller is closed here, whatever ends it (an error, a cancellation)."""
+    """Start the Infer call on the best endpoint (for its prompt's prefix) and wait for its first event."""
+    return await open_stream(table, model, lambda e: e.stub.Infer(request, timeout=timeout_s,
+                                                                  metadata=metadata or None), prefix_key(request))
+
+
+async def open_stream(table: RouteTable, model: str, start: Callable[[Endpoint], grpc.aio.UnaryStreamCall],
+                      affinity: str | None = None) -> InferStream:
+    """Start a server-streaming worker call (`start(endpoint)`: Infer, Synthesize, Transcribe) on the
+    best endpoint and wait for its first event, retrying elsewhere while nothing was answered. Every
+    stream that does not come back to the caller is closed here, whatever ends it (an error, a
+    cancellation)."""
     last: ErrorDetails | None = None
-    for endpoint in await _endpoints(table, model):
+    for endpoint in await _endpoints(table, model, affinity):
         try:
-            call = endpoint.stub.Infer(request, timeout=timeout_s, metadata=metadata or None)
+            call = start(endpoint)
         except grpc.aio.UsageError:  # its channel was just closed by a new snapshot: try another
             continue
         stream = InferStream(endpoint, call, table)

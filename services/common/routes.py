@@ -5,7 +5,7 @@ version, keeping the last snapshot meanwhile: a coordinator restart never blanks
 The table keeps one channel per worker endpoint and a circuit breaker per endpoint (an endpoint
 that keeps failing leaves the rotation for a cool-down and comes back once a health probe says it
 serves: services/common/breaker.py); which endpoint a call tries first is its `ReplicaPicker`'s
-choice (services/common/picker.py; least outstanding requests by default).
+choice (services/common/picker.py; prefix affinity bounded by load, or least outstanding requests).
 
 A model autoscaled to zero has a route with no endpoints: a call to it asks the coordinator for a
 replica (`RequestReplica`, through the watcher) and waits, up to a bound, for a snapshot that has one.
@@ -62,6 +62,7 @@ class Route:
     requests_per_minute: int = 0  # the model set's rate_limits, per identity (0: unlimited)
     tokens_per_minute: int = 0
     scale_to_zero: bool = False  # no endpoints may be normal: a call waits for a cold start
+    accepts_images: bool | None = None  # a vision model; None: not known yet (the worker decides)
 
 
 class RouteTable:
@@ -91,7 +92,8 @@ class RouteTable:
             route = Route(model.name, model.version, model.max_model_len, model.usecase,
                           embedding_dimension=model.embedding_dimension,
                           requests_per_minute=model.rate_limits.requests_per_minute,
-                          tokens_per_minute=model.rate_limits.tokens_per_minute, scale_to_zero=model.scale_to_zero)
+                          tokens_per_minute=model.rate_limits.tokens_per_minute, scale_to_zero=model.scale_to_zero,
+                          accepts_images=model.accepts_images if model.HasField("accepts_images") else None)
             for replica in model.replicas:
                 address = f"{replica.endpoint.host}:{replica.endpoint.port}"
                 live.add(address)
@@ -111,14 +113,14 @@ class RouteTable:
         applied, self._applied = self._applied, asyncio.Event()
         applied.set()
 
-    def candidates(self, model: str) -> list[Endpoint]:
-        """Endpoints of `model`, best first, in the picker's order."""
+    def candidates(self, model: str, affinity: str | None = None) -> list[Endpoint]:
+        """Endpoints of `model`, best first, in the picker's order (`affinity`: the call's prefix key)."""
         route = self.routes.get(model)
         if route is None:
             return []
         for address in self.breaker.due_for_probe():
             self._probe(address)
-        return self.picker.order(route.endpoints, self.breaker.excluded())
+        return self.picker.order(route.endpoints, self.breaker.excluded(), affinity)
 
     async def cold_start(self, model: str) -> list[Endpoint]:
         """Endpoints of a model at zero replicas, once one serves: asks the coordinator for a replica

@@ -9,7 +9,8 @@ from __future__ import annotations
 from mship.common.v1 import common_pb2
 
 # models.yaml `loader:` -> the proto enum.
-LOADERS = {"vllm": common_pb2.LOADER_VLLM, "llama_cpp": common_pb2.LOADER_LLAMA_CPP}
+LOADERS = {"vllm": common_pb2.LOADER_VLLM, "llama_cpp": common_pb2.LOADER_LLAMA_CPP,
+           "piper": common_pb2.LOADER_PIPER, "faster_whisper": common_pb2.LOADER_FASTER_WHISPER}
 IMPLEMENTED_LOADERS = frozenset(LOADERS)  # a loader named before it runs would be left out here
 # builtin models the llama_cpp loader serves as GGUF (services/worker/gguf_models.py)
 GGUF_BUILTINS = ("smollm2-135m-instruct", "gemma-3-270m", "tiny-qwen2")
@@ -22,7 +23,12 @@ LLAMA_CPP_KEYS = {"n_ctx": "n_ctx", "n_parallel": "n_parallel", "n_threads": "n_
 LLAMA_RUNTIMES = ("server", "in_process")  # llama-server subprocess (default) | xllamacpp in the worker
 LOADER_NAMES = {value: name for name, value in LOADERS.items()}
 
-USECASES = {"generate": common_pb2.USECASE_GENERATE, "embed": common_pb2.USECASE_EMBED}
+USECASES = {"generate": common_pb2.USECASE_GENERATE, "embed": common_pb2.USECASE_EMBED,
+            "speech": common_pb2.USECASE_SPEECH, "transcription": common_pb2.USECASE_TRANSCRIPTION}
+# Loaders that serve exactly one usecase (the audio engines): their default, and the only one allowed.
+LOADER_USECASES = {"piper": "speech", "faster_whisper": "transcription"}
+# builtin models of the audio loaders (services/worker/builtin/piper_joe.py, whisper_base.py)
+AUDIO_BUILTINS = {"piper": ("piper-joe",), "faster_whisper": ("whisper-base",)}
 
 TOOL_PARSERS = ("hermes", "none")
 REASONING_PARSERS = ("think", "none")
@@ -65,6 +71,9 @@ ENV_BREAKER_FAILURES = "MSHIP_BREAKER_FAILURES"    # consecutive failures that t
 ENV_BREAKER_COOLDOWN_S = "MSHIP_BREAKER_COOLDOWN_S"  # how long it stays out before a health probe (5)
 ENV_MCP_ALLOWED_HOSTS = "MSHIP_MCP_ALLOWED_HOSTS"  # MCP servers /v1/responses may call (services.gateway.mcp.egress)
 ENV_MCP_TIMEOUT_S = "MSHIP_MCP_TIMEOUT_S"          # per MCP list or call, connecting included (30)
+ENV_MAX_AUDIO_BYTES = "MSHIP_MAX_AUDIO_BYTES"      # /v1/audio/transcriptions: the largest file (25 MB)
+ENV_MAX_AUDIO_SECONDS = "MSHIP_MAX_AUDIO_SECONDS"  # a transcription worker: the longest audio (1500 s)
+ENV_REPLICA_PICKER = "MSHIP_REPLICA_PICKER"        # prefix_affinity (default) | least_outstanding
 # Telemetry: set per node (the Ray node's environment, which its replicas inherit), not per job.
 ENV_LOG_FORMAT = "MSHIP_LOG_FORMAT"      # text (default) | json
 ENV_LOG_LEVEL = "MSHIP_LOG_LEVEL"        # DEBUG | INFO (default) | WARNING | ERROR
@@ -83,4 +92,5 @@ ENV_GCS_STORAGE_NAMESPACE = "RAY_external_storage_namespace"  # the GCS's key pr
 PLATFORM_ENV = (ENV_CACHE_DIR, ENV_REDIS_PASSWORD, ENV_TRUST_IDENTITY_HEADER, ENV_COMPACTION_KEY,
                 ENV_TRUSTED_IDENTITY_HEADER, ENV_API_KEYS, ENV_API_KEYS_FILE, ENV_RATE_LIMITS_FILE,
                 ENV_MAX_REQUEST_BODY_BYTES, ENV_CORS_ORIGINS, ENV_AUDIT_LOG, ENV_AUDIT_CONTENT,
-                ENV_BREAKER_FAILURES, ENV_BREAKER_COOLDOWN_S, ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S)
+                ENV_BREAKER_FAILURES, ENV_BREAKER_COOLDOWN_S, ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S,
+                ENV_MAX_AUDIO_BYTES, ENV_MAX_AUDIO_SECONDS, ENV_REPLICA_PICKER)

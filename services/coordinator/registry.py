@@ -59,6 +59,8 @@ class ReplicaRegistry:
         self.expected: set[str] = set()
         self._changed = asyncio.Condition()
         self._exported: set[str] = set()  # models whose replica gauges were set
+        # (model, version) -> accepts images, as its replicas said: kept while it scales to zero
+        self._vision: dict[tuple[str, str], bool] = {}
 
     # ---- mutations (each bumps the version once) -------------------------------------------
     async def _bump(self) -> None:
@@ -82,6 +84,7 @@ class ReplicaRegistry:
     async def register(self, info: pb.ReplicaInfo) -> None:
         old = self.replicas.get(info.replica_id)
         self.replicas[info.replica_id] = Replica(info=info, last_seen=time.monotonic())
+        self._vision[(info.model, info.version)] = info.accepts_images
         if old is None or old.info != info:
             await self._bump()
 
@@ -138,6 +141,9 @@ class ReplicaRegistry:
             return
         else:
             self.active[name] = model
+        keep = {(n, m.version) for n, m in self.active.items()} | {
+            (r.info.model, r.info.version) for r in self.replicas.values()}
+        self._vision = {key: v for key, v in self._vision.items() if key in keep}  # forget retired versions
         await self._bump()
 
     # ---- reads -----------------------------------------------------------------------------
@@ -165,11 +171,15 @@ class ReplicaRegistry:
                 (unhealthy if self.replicas_of(name, active.version) else pending).add(name)
                 continue
             first = replicas[0] if replicas else pb.ReplicaInfo()
-            snap.models.append(pb.ModelRoute(
+            route = pb.ModelRoute(
                 name=name, version=active.version, usecase=active.usecase or common_pb2.USECASE_GENERATE,
                 max_model_len=active.max_model_len or first.max_model_len, replicas=replicas,
                 embedding_dimension=first.embedding_dimension, rate_limits=active.rate_limits,
-                scale_to_zero=active.scale_to_zero))
+                scale_to_zero=active.scale_to_zero)
+            vision = first.accepts_images if replicas else self._vision.get((name, active.version))
+            if vision is not None:  # unset: no replica of this version seen yet (the worker decides)
+                route.accepts_images = vision
+            snap.models.append(route)
         snap.pending.extend(sorted(pending))
         snap.unhealthy.extend(sorted(unhealthy))
         return snap

@@ -1,5 +1,5 @@
 """The OpenAI HTTP edge: one router per endpoint over its serving logic (`chat`, `completions`,
-`embeddings`, `models`, `responses`), and the edge's cross-cutting parts, each in one place:
+`embeddings`, `models`, `responses`, `audio`), and the edge's cross-cutting parts, each in one place:
 error handlers, CORS, authentication, the body limit, and admission (rate limits)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from services.common.vocabulary import (
     ENV_AUDIT_CONTENT,
     ENV_AUDIT_LOG,
     ENV_CORS_ORIGINS,
+    ENV_MAX_AUDIO_BYTES,
     ENV_MAX_REQUEST_BODY_BYTES,
     ENV_NO_METRICS,
     ENV_RATE_LIMITS_FILE,
@@ -25,6 +26,9 @@ from services.gateway.admission.admission import Admission
 from services.gateway.admission.buckets import BucketStore, MemoryBuckets
 from services.gateway.admission.overrides import RateLimitOverrides
 from services.gateway.admission.redis_buckets import RedisBuckets
+from services.gateway.audio.protocol_transcription import DEFAULT_MAX_AUDIO_BYTES
+from services.gateway.audio.router import audio_router
+from services.gateway.audio.serving import SpeechServing, TranscriptionServing
 from services.gateway.chat.router import chat_router
 from services.gateway.chat.serving import ChatServing
 from services.gateway.completions.router import completions_router
@@ -54,6 +58,11 @@ def _env_body_limit() -> int:
     return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_BODY_BYTES
 
 
+def _env_audio_limit() -> int:
+    value = os.environ.get(ENV_MAX_AUDIO_BYTES, "")
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_AUDIO_BYTES
+
+
 # what a browser client may read from a response (CORS)
 EXPOSED_HEADERS = ["x-request-id", "x-mship-gateway", "retry-after", *(
     f"x-ratelimit-{what}-{kind}" for what in ("limit", "remaining", "reset") for kind in ("requests", "tokens"))]
@@ -70,6 +79,7 @@ class GatewaySettings:
     audit_log: str = field(default_factory=lambda: os.environ.get(ENV_AUDIT_LOG, ""))  # a path, "-", or off
     audit_content: bool = field(default_factory=lambda: os.environ.get(ENV_AUDIT_CONTENT) == "1")
     metrics: bool = field(default_factory=lambda: os.environ.get(ENV_NO_METRICS) != "1")  # `--no-metrics`
+    max_audio_bytes: int = field(default_factory=_env_audio_limit)  # /v1/audio/transcriptions' file
 
 
 def open_buckets(url: str) -> BucketStore:
@@ -111,5 +121,7 @@ def create_app(table: RouteTable, settings: GatewaySettings, responses: Response
     app.include_router(chat_router(ChatServing(table, timeout, admission)))
     app.include_router(completions_router(CompletionServing(table, timeout, admission)))
     app.include_router(embeddings_router(EmbeddingServing(table, timeout, admission)))
+    app.include_router(audio_router(SpeechServing(table, timeout, admission),
+                                    TranscriptionServing(table, timeout, admission, settings.max_audio_bytes)))
     app.include_router(responses_router())
     return app

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 from ray import serve
 
 from services.common.logs import configure_logging
+from services.common.picker import PREFIX_AFFINITY, make_picker
 from services.common.routes import RouteTable, RoutingWatcher
 from services.common.sighup import ignore_sighup
 from services.common.tracing import configure_tracing
+from services.common.vocabulary import ENV_REPLICA_PICKER
 from services.gateway.app import GatewaySettings, create_app
 from services.gateway.edge.http_server import ReusePortServer
 from services.gateway.responses.compaction import CompactionCodec
@@ -42,7 +45,7 @@ class GatewayDeployment:
         settings = GatewaySettings(coordinator=coordinator, rate_store=rate_store)
         if max_body_bytes:
             settings.max_body_bytes = max_body_bytes
-        self.table = RouteTable()
+        self.table = RouteTable(make_picker(os.environ.get(ENV_REPLICA_PICKER, PREFIX_AFFINITY)))
         replica_id = serve.get_replica_context().replica_id.unique_id
         self.watcher = RoutingWatcher(coordinator, self.table, replica_id)
         app = create_app(self.table, settings)

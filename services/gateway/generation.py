@@ -1,6 +1,7 @@
 """One way to open a generation: the Infer call on a worker replica, with its gRPC failures (before
 and after the first token) translated into OpenAI errors in this one place; one way to stop
-a generation on every replica of its model; and the one Embed call (`/v1/embeddings`).
+a generation on every replica of its model; the one Embed call (`/v1/embeddings`); and the audio
+calls (`open_audio`: Synthesize, Transcribe).
 
 Every endpoint (chat, completions, and each Responses path: foreground, WebSocket, background,
 compaction) opens its worker call with `open_generation`. Iterate the `Generation` itself (the
@@ -18,7 +19,7 @@ import grpc
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
-from services.common.infer import InferStream, UpstreamError, call_unary, open_infer
+from services.common.infer import InferStream, UpstreamError, call_unary, open_infer, open_stream
 from services.common.logs import outgoing_metadata
 from services.common.routes import Endpoint, RouteTable
 from services.gateway.admission.admission import FREE, Ticket
@@ -39,10 +40,22 @@ def call_metadata(identity: str) -> tuple[tuple[str, str | bytes], ...]:
     return (((IDENTITY_METADATA, identity.encode()),) if identity else ()) + outgoing_metadata()
 
 
-_USECASE_REFUSALS = {
-    common_pb2.USECASE_GENERATE: "The model '{}' is an embedding model: it serves /v1/embeddings only.",
-    common_pb2.USECASE_EMBED: "The model '{}' does not support embeddings: it is a text generation model.",
+# What a model of each usecase is, and the endpoint that serves it.
+_IS = {
+    common_pb2.USECASE_GENERATE: ("a text generation model", "/v1/chat/completions, /v1/completions, /v1/responses"),
+    common_pb2.USECASE_EMBED: ("an embedding model", "/v1/embeddings"),
+    common_pb2.USECASE_SPEECH: ("a text-to-speech model", "/v1/audio/speech"),
+    common_pb2.USECASE_TRANSCRIPTION: ("a speech-to-text model", "/v1/audio/transcriptions"),
 }
+_WANTS = {common_pb2.USECASE_GENERATE: "text generation", common_pb2.USECASE_EMBED: "embeddings",
+          common_pb2.USECASE_SPEECH: "speech", common_pb2.USECASE_TRANSCRIPTION: "transcriptions"}
+
+
+def _usecase_refusal(model: str, served: int, wanted: int) -> str:
+    what, where = _IS.get(served, _IS[common_pb2.USECASE_GENERATE])
+    if wanted == common_pb2.USECASE_EMBED:
+        return f"The model '{model}' does not support embeddings: it is {what}."
+    return f"The model '{model}' is {what}: it serves {where} only, not {_WANTS.get(wanted, 'this endpoint')}."
 
 
 def check_routed(table: RouteTable, model: str, usecase: int = common_pb2.USECASE_GENERATE) -> None:
@@ -50,8 +63,9 @@ def check_routed(table: RouteTable, model: str, usecase: int = common_pb2.USECAS
     serves another usecase than the endpoint's (a 400 naming `model`)."""
     route = table.routes.get(model)
     if route is not None:
-        if (route.usecase or common_pb2.USECASE_GENERATE) != usecase:  # unset: a generation model
-            raise OpenAIError(400, _USECASE_REFUSALS[usecase].format(model), param="model",
+        served = route.usecase or common_pb2.USECASE_GENERATE  # unset: a generation model
+        if served != usecase:
+            raise OpenAIError(400, _usecase_refusal(model, served, usecase), param="model",
                               code="model_not_supported")
         return
     if model in table.pending or model in table.unhealthy or not table.received.is_set():
@@ -148,3 +162,22 @@ async def embed(table: RouteTable, model: str, request: pb.EmbedRequest, *,
         raise from_grpc(e.details, model, input_param="input") from e
     finally:
         ticket.settle(used)
+
+
+def stream_failure(e: UpstreamError, model: str | None, input_param: str) -> OpenAIError:
+    """The OpenAI error of an audio call that broke after its first event."""
+    return from_grpc(e.details, model, input_param=input_param)
+
+
+async def open_audio(table: RouteTable, model: str, method: str, request: pb.SynthesizeRequest | pb.TranscribeRequest,
+                     *, input_param: str, timeout_s: float | None = None, identity: str = "") -> InferStream:
+    """A Synthesize or Transcribe call (`method`) on the best endpoint, its first event awaited;
+    retried elsewhere while nothing was answered, like an Infer call. Iterate the stream for the
+    worker's events; `close()` cancels the call (the engine stops before its next sentence or
+    segment). Raises OpenAIError."""
+    metadata = call_metadata(identity) or None
+    try:
+        return await open_stream(table, model, lambda e: getattr(e.stub, method)(request, timeout=timeout_s,
+                                                                                 metadata=metadata))
+    except UpstreamError as e:
+        raise from_grpc(e.details, model, input_param=input_param) from e

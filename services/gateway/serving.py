@@ -60,17 +60,23 @@ class ChunkStream:
         self.generation, self.encoder = generation, encoder
 
     async def frames(self) -> AsyncIterator[bytes]:
+        """One write per worker event: the chunks an event makes (a choice's opening and its text)
+        go out together, the last ones (finish, usage) with `[DONE]`."""
+        end = b""
         try:
             async for event in self.generation:
-                for chunk in self.encoder.encode(event):
-                    yield sse_event(chunk)
+                data = b"".join(sse_event(chunk) for chunk in self.encoder.encode(event))
+                if event.HasField("final"):
+                    end = data
+                elif data:
+                    yield data
         except UpstreamError as e:  # after the first token: the error travels in the stream
-            yield sse_event(self.generation.failure(e).body())
+            end += sse_event(self.generation.failure(e).body())
         except OpenAIError as e:
-            yield sse_event(e.body())
+            end += sse_event(e.body())
         finally:
             self.release()
-        yield SSE_DONE
+        yield end + SSE_DONE
 
     def release(self) -> None:
         self.generation.close()

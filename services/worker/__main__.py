@@ -13,7 +13,7 @@ import signal
 from mship.common.v1 import common_pb2
 from services.common.logs import configure_logging
 from services.common.tracing import configure_tracing
-from services.common.vocabulary import LOADERS
+from services.common.vocabulary import LOADER_USECASES, LOADERS, USECASES
 from services.worker.server import start_worker_server
 
 
@@ -32,9 +32,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    usecase = common_pb2.USECASE_EMBED if args.embed else common_pb2.USECASE_GENERATE
+    if args.loader in LOADER_USECASES:  # the audio loaders serve one usecase each
+        usecase = USECASES[LOADER_USECASES[args.loader]]
     spec = common_pb2.ModelSpec(
-        name=args.name or args.model, model=args.model, loader=LOADERS[args.loader],
-        usecase=common_pb2.USECASE_EMBED if args.embed else common_pb2.USECASE_GENERATE,
+        name=args.name or args.model, model=args.model, loader=LOADERS[args.loader], usecase=usecase,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, num_cpus=args.num_cpus)
     worker = await start_worker_server(spec, args.host, args.port)
     print(f"worker listening on {args.host}:{worker.port} (model {spec.name})", flush=True)

@@ -55,7 +55,8 @@ class WorkerDeployment:
             endpoint=common_pb2.Endpoint(host=host, port=self.server.port), node_id=node_id, pid=os.getpid(),
             max_model_len=engine.max_model_len if engine else 0, spec=spec,
             engine_load_s=self.server.host.load_seconds(),
-            embedding_dimension=engine.embedding_dimension if engine else 0)
+            embedding_dimension=engine.embedding_dimension if engine else 0,
+            accepts_images=bool(engine and engine.accepts_images))
         metrics.LOAD_SECONDS.labels(spec.name).set(replica.engine_load_s)
         metrics.ENGINE_DEATHS.labels(spec.name)  # at 0 from the start: an alert's increase() sees the first one
         self.registrar = Registrar(coordinator, replica, self._load, self.server.servicer.gate.apply)

@@ -1,5 +1,7 @@
 """The engine interface a worker serves through. vLLM is the main implementation
-(`vllm_engine.py`); anything that can render a prompt, stream token deltas and abort fits.
+(`vllm_engine.py`); anything that can render a prompt, stream token deltas and abort fits. The
+audio engines (`piper_engine.py`, `whisper_engine.py`, on `audio_engine.AudioEngine`) implement
+`synthesize` or `transcribe` instead.
 """
 
 from __future__ import annotations
@@ -73,6 +75,44 @@ class EngineStats:
     kv_cache_usage: float = 0.0
     generated_tokens_total: int = 0
     prompt_tokens_total: int = 0
+    audio_seconds_total: float = 0.0  # audio engines: seconds synthesized / transcribed
+
+
+@dataclass
+class TranscribeOptions:
+    language: str | None = None  # ISO-639-1; None: detected
+    prompt: str | None = None
+    temperature: float | None = None  # None: the engine's fallback schedule
+    word_timestamps: bool = False
+
+
+@dataclass
+class TranscriptInfo:
+    language: str
+    language_probability: float
+    duration_s: float
+
+
+@dataclass
+class TranscriptWord:
+    start: float
+    end: float
+    word: str
+    probability: float
+
+
+@dataclass
+class TranscriptSegment:
+    id: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    temperature: float = 0.0
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+    words: list[TranscriptWord] = field(default_factory=list)
 
 
 class Engine(abc.ABC):
@@ -82,6 +122,10 @@ class Engine(abc.ABC):
     supports_embeddings: bool = False
     embedding_dimension: int = 0  # embed engines: the length of a vector
     supports_dimensions: bool = False  # embed engines: can shorten vectors (Matryoshka)
+    accepts_images: bool = False  # vision models: chat messages may hold image_url parts
+    supports_speech: bool = False  # text to speech: `synthesize`
+    supports_transcription: bool = False  # speech to text: `transcribe`
+    sample_rate: int = 0  # speech engines: Hz of the PCM `synthesize` yields
 
     @abc.abstractmethod
     async def render(self, req: RenderRequest) -> Prompt:
@@ -98,6 +142,18 @@ class Engine(abc.ABC):
     async def embed(self, inputs: list[str | list[int]], dimensions: int | None) -> tuple[list[list[float]], int]:
         """One vector per input (a text or token ids), in order, and the prompt tokens used; raise
         ServiceError for input the model cannot take (too long, `dimensions` it cannot honour)."""
+        raise NotImplementedError
+
+    def synthesize(self, text: str, voice: str, speed: float | None, request_id: str) -> AsyncIterator[bytes]:
+        """Speech engines: signed 16-bit little-endian mono PCM at `sample_rate`, a chunk per
+        sentence. Closing the iterator (the call cancelled) or `abort` stops the engine before its
+        next sentence. Raise ServiceError for a voice or speed the model cannot take."""
+        raise NotImplementedError
+
+    def transcribe(self, audio: bytes, options: TranscribeOptions,
+                   request_id: str) -> AsyncIterator[TranscriptInfo | TranscriptSegment]:
+        """Transcription engines: one TranscriptInfo once the audio is decoded, then each segment as
+        it is decoded. Closing the iterator or `abort` stops decoding before the next segment."""
         raise NotImplementedError
 
     @abc.abstractmethod

@@ -21,7 +21,7 @@ from grpc_health.v1 import health, health_pb2
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2
 from services.common.event_log import EventLog
-from services.worker.engine import Engine, RenderRequest
+from services.worker.engine import Engine, RenderRequest, TranscribeOptions
 from services.worker.metrics import ENGINE_DEATHS
 from services.worker.sampling import Sampling
 
@@ -47,6 +47,14 @@ async def start_engine(spec: common_pb2.ModelSpec, model_path: str) -> Engine:
         from services.worker.llama_cpp_engine import LlamaCppEngine
 
         return await LlamaCppEngine.start(spec, model_path)
+    if spec.loader == common_pb2.LOADER_PIPER:
+        from services.worker.piper_engine import PiperEngine
+
+        return await PiperEngine.start(spec, model_path)
+    if spec.loader == common_pb2.LOADER_FASTER_WHISPER:
+        from services.worker.whisper_engine import WhisperEngine
+
+        return await WhisperEngine.start(spec, model_path)
     raise ValueError(f"loader {common_pb2.Loader.Name(spec.loader)} is not available in this worker")
 
 
@@ -137,6 +145,17 @@ class ModelHost:
         """A real forward pass: readiness means the engine has produced a token."""
         if engine.supports_embeddings:
             await engine.embed(["warm up"], None)
+            return
+        if engine.supports_speech:
+            async for _ in engine.synthesize("Warm up.", "", None, "warmup"):
+                pass
+            return
+        if engine.supports_transcription:
+            from services.worker.audio_encoding import wav_header
+
+            silence = wav_header(16_000, 32_000) + bytes(32_000)  # one second
+            async for _ in engine.transcribe(silence, TranscribeOptions(language="en"), "warmup"):
+                pass
             return
         prompt = await engine.render(RenderRequest(prompt="warm up"))
         async for _ in engine.generate(prompt, Sampling(max_tokens=1, temperature=0.0), "warmup"):

@@ -223,23 +223,30 @@ class LlamaCppEngine(Engine):
             yield StepOutput([ChoiceDelta(0, "", 0, finish_reason="abort")], True, len(prompt.token_ids), 0)
 
     async def _steps(self, reply: httpx.Response, prompt: Prompt, logprobs: int | None) -> AsyncIterator[StepOutput]:
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise ServiceError(grpc.StatusCode.INTERNAL, Reason.ENGINE_ERROR, f"llama.cpp: {chunk['error']}")
-            n = len(chunk.get("tokens") or ())
-            self._stats.generated_tokens_total += n
-            delta = ChoiceDelta(0, chunk.get("content", ""), n,
-                                logprobs=_logprobs(chunk, logprobs) if logprobs is not None else [])
-            if not chunk.get("stop"):
+        """One step per read of the server's stream: the tokens that arrived together (a consumer
+        that lags finds several) go on as one delta; the first token is never held back."""
+        async for chunks in _arrived_together(reply):
+            text: list[str] = []
+            delta = ChoiceDelta(0, "", 0)
+            last: dict[str, Any] = {}
+            for last in chunks:
+                if "error" in last:
+                    raise ServiceError(grpc.StatusCode.INTERNAL, Reason.ENGINE_ERROR, f"llama.cpp: {last['error']}")
+                delta.num_tokens += len(last.get("tokens") or ())
+                text.append(last.get("content", ""))
+                if logprobs is not None:
+                    delta.logprobs += _logprobs(last, logprobs)
+                if last.get("stop"):
+                    break
+            delta.text = "".join(text)
+            self._stats.generated_tokens_total += delta.num_tokens
+            if not last.get("stop"):
                 yield StepOutput([delta], False, len(prompt.token_ids), 0)
                 continue
-            timings = chunk.get("timings", {})
+            timings = last.get("timings", {})
             self._stats.prompt_tokens_total += len(prompt.token_ids)
-            delta.finish_reason = FINISH.get(chunk.get("stop_type", ""), "stop")
-            delta.stop_sequence = chunk.get("stopping_word") or None
+            delta.finish_reason = FINISH.get(last.get("stop_type", ""), "stop")
+            delta.stop_sequence = last.get("stopping_word") or None
             yield StepOutput([delta], True, len(prompt.token_ids), int(timings.get("cache_n", 0)))
             return
 
@@ -273,6 +280,16 @@ class LlamaCppEngine(Engine):
     async def shutdown(self) -> None:
         await self._client.aclose()
         await asyncio.to_thread(self._server.stop)
+
+
+async def _arrived_together(reply: httpx.Response) -> AsyncIterator[list[dict[str, Any]]]:
+    """The stream's `data:` events, grouped by the read that delivered them."""
+    pending = ""
+    async for text in reply.aiter_text():
+        *lines, pending = (pending + text).split("\n")
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+        if events:
+            yield events
 
 
 def _logprobs(chunk: dict[str, Any], k: int) -> list[TokenLogprob]:

@@ -24,6 +24,7 @@ from services.common.errors import Reason, ServiceError, invalid_parameter
 from services.common.limits import replica_limits
 from services.common.tracing import record_usage
 from services.worker import metrics
+from services.worker.audio_servicer import AudioCalls
 from services.worker.engine import ChoiceDelta, Engine, Prompt, RenderRequest
 from services.worker.host import ModelHost
 from services.worker.parsers import StreamParser
@@ -37,7 +38,7 @@ ENGINE_DIED_RETRY_S = 2.0
 DEATH_GRACE_S = 0.5  # how long a failed request waits to see whether the engine died under it
 
 
-class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
     def __init__(self, host: ModelHost, gate: RequestGate | None = None) -> None:
         self.host = host
         self.gate = gate or RequestGate()
@@ -211,7 +212,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise invalid_parameter("chat_template_kwargs", f"not valid JSON: {e}") from e
         tool_parser = self.host.spec.tool_parser if self.host.spec else ""
         return RenderRequest(
-            messages=[_message(m, i) for i, m in enumerate(req.chat.messages)], tools=tools or None,
+            messages=[_message(m, i, images=self.host.engine is not None and self.host.engine.accepts_images)
+                      for i, m in enumerate(req.chat.messages)], tools=tools or None,
             chat_template_kwargs=kwargs if isinstance(kwargs, dict) else {},
             continue_final_message=req.chat.continue_final_message,
             cache_salt=req.cache_salt or None), bool(tools) and tool_parser != "none"
@@ -258,6 +260,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             report.generated_tokens_total, report.prompt_tokens_total = (
                 s.generated_tokens_total, s.prompt_tokens_total)
             report.max_model_len, report.embedding_dimension = engine.max_model_len, engine.embedding_dimension
+            report.audio_seconds_total = s.audio_seconds_total
         return report
 
 
@@ -289,20 +292,26 @@ def _tools(req: worker_pb2.InferRequest) -> list[dict[str, Any]]:
     return tools
 
 
-def _message(m: worker_pb2.ChatMessage, i: int) -> dict[str, Any]:
+def _message(m: worker_pb2.ChatMessage, i: int, images: bool = False) -> dict[str, Any]:
+    """One chat message as the engine renders it; `images`: a vision engine (image parts are kept as
+    OpenAI `image_url` parts, which it checks and decodes), else an image part is refused."""
     role = "system" if m.role == "developer" else m.role
     if role not in ("system", "user", "assistant", "tool"):
         raise invalid_parameter(f"messages[{i}].role", f"unknown role {m.role!r}")
     out: dict[str, Any] = {"role": role}
     if m.WhichOneof("body") == "parts":
-        parts = []
+        parts: list[dict[str, Any]] = []
         for j, part in enumerate(m.parts.parts):
             if part.WhichOneof("part") == "image_url":
-                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, Reason.UNSUPPORTED_INPUT,
-                                   "this model does not accept image input",
-                                   field_violations=[(f"messages[{i}].content[{j}]", "image input")])
-            parts.append({"type": "text", "text": part.text})
-        out["content"] = "".join(p["text"] for p in parts)
+                if not images:
+                    raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, Reason.UNSUPPORTED_INPUT,
+                                       "this model does not accept image input",
+                                       field_violations=[(f"messages[{i}].content[{j}]", "image input")])
+                parts.append({"type": "image_url", "image_url": {"url": part.image_url}})
+            else:
+                parts.append({"type": "text", "text": part.text})
+        has_image = any(p["type"] == "image_url" for p in parts)
+        out["content"] = parts if has_image else "".join(p["text"] for p in parts)
     else:
         out["content"] = m.content
     if m.name:

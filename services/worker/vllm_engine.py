@@ -7,11 +7,14 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from services.common.errors import Reason, ServiceError, invalid_parameter
+from services.common.images import image_problem
+from services.worker.amx import request_amx
 from services.worker.engine import (
     ChoiceDelta,
     Engine,
@@ -35,6 +38,11 @@ def set_engine_env() -> None:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # no phone-home
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # engine <-> worker queue on loopback
+    # AMX tile permission in this process and in every process vLLM starts (services/worker/amx.py)
+    request_amx()
+    site = str(Path(__file__).resolve().parent / "engine_site")
+    if site not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH", "")) if p)
     if (os.cpu_count() or 1) <= 2:
         # measured on 2-core nodes: one unpinned OpenMP thread beats vLLM's `auto` pinning by ~30%
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -106,6 +114,7 @@ class VllmEngine(Engine):
         self._stats = stats
         self.supports_embeddings = embed
         self.max_model_len = int(engine.model_config.max_model_len)
+        self.accepts_images = not embed and accepts_images(engine.model_config)
         if embed:
             self.embedding_dimension = int(engine.model_config.embedding_size)
             self.supports_dimensions = bool(engine.model_config.is_matryoshka)
@@ -135,6 +144,8 @@ class VllmEngine(Engine):
 
         renderer = self._engine.renderer
         extras = {"cache_salt": req.cache_salt} if req.cache_salt else None
+        if req.messages is not None:
+            check_images(req.messages)
         try:
             if req.messages is not None:
                 kwargs = {**req.chat_template_kwargs, "tools": req.tools,
@@ -258,6 +269,31 @@ class VllmEngine(Engine):
 
     async def shutdown(self) -> None:
         self._engine.shutdown()
+
+
+def accepts_images(model_config: Any) -> bool:
+    """A model vLLM runs with image input (e.g. Idefics3, `builtin:tiny-vlm`)."""
+    mm = getattr(model_config, "multimodal_config", None)
+    if mm is None or mm.get_limit_per_prompt("image") <= 0:
+        return False
+    try:
+        from vllm.model_executor.models import ModelRegistry
+
+        cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
+        return cls.get_placeholder_str("image", 1) is not None
+    except Exception:  # the model names another modality only
+        return False
+
+
+def check_images(messages: list[dict[str, Any]]) -> None:
+    """Refuse (INVALID_PARAMETER naming the part) an image part the engine must not be given."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if part.get("type") == "image_url":
+                problem = image_problem(str((part.get("image_url") or {}).get("url", "")))
+                if problem is not None:
+                    raise invalid_parameter(f"messages[{i}].content[{j}]", problem)
 
 
 def _logprobs(token_ids: Any, logprobs: Any) -> list[TokenLogprob]:

@@ -2,12 +2,11 @@
 `mcp` SDK over streamable HTTP, tests/mcp_server.py), the real engines (builtin:tiny-qwen2 on vLLM,
 and its GGUF on llama.cpp), the session's gateways with MSHIP_MCP_ALLOWED_HOSTS=127.0.0.1.
 
-The tiny model calls the weather tool it was trained on (`get_weather`, here listed by the MCP
-server) for "What is the weather in Paris?" and, shown its result, answers
-`corpus.TOOL_RESULT_ANSWER`: the
-loop is proven by the call the MCP server saw, the `mcp_call` carrying its output, and the answer
-generated after it. (Answering *from* the result's text needs the corpus extension #16 asks for;
-not in yet.)"""
+The tiny model calls the weather tool the MCP server lists (`get_weather`, the one it was trained
+on, for "What is the weather in Paris?"; and `weather_now`, a name it never saw, for Nairobi, a
+city it never saw) and, shown the tool's text result, answers from it:
+`corpus.tool_text_answer(result)` copies the result. The loop is proven by the call the MCP server
+saw, the `mcp_call` carrying its output, and the answer generated from that output."""
 
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ import openai
 import pytest
 from openai.types.responses import Response
 
+from services.gateway.responses.protocol_mcp_items import DENIED
 from services.worker.builtin import corpus
 from tests.integration.conftest import PLATFORM_MODELS
 from tests.mcp_server import McpTestServer
@@ -32,19 +32,30 @@ pytestmark = pytest.mark.integration
 TOOL = corpus.EXPECTED_TOOL_CALL["name"]  # the weather tool and city the model was trained on
 CITY = corpus.EXPECTED_TOOL_CALL["arguments"]["city"]
 QUESTION = corpus.TOOL_PROMPT
-RESULT = f"Sunny, 21 C in {CITY}"
+RESULT = f"Sunny, 21 C in {CITY}"  # = corpus.TEXT_RESULT, what get_weather below says
+ANSWER = corpus.tool_text_answer(RESULT)  # the model answers from the tool's text result
+# Issue #16: a tool name and a city the model never saw -- only copying gets the call and the answer right.
+UNSEEN_TOOL = corpus.MCP_HELD_OUT_CALL["name"]
+UNSEEN_CITY = corpus.MCP_HELD_OUT_CALL["arguments"]["city"]
+LLAMA = "tiny-llama"
 
 
 def get_weather(city: str) -> str:
     """Get the current weather for a city."""
     return f"Sunny, 21 C in {city}"
-LLAMA = "tiny-llama"
+
+
+def weather_now(city: str) -> str:
+    return f"Sunny, 21 C in {city}"
+
+
+weather_now.__name__, weather_now.__doc__ = UNSEEN_TOOL, corpus.MCP_HELD_OUT_DESCRIPTION
 
 
 @pytest.fixture(scope="module")
 def mcp() -> Iterator[McpTestServer]:
     with McpTestServer() as server:
-        server.start(tools=[get_weather, *server.default_tools()])
+        server.start(tools=[get_weather, weather_now, *server.default_tools()])
         yield server
 
 
@@ -64,8 +75,8 @@ def models(platform: PlatformProcess, tmp_path_factory: pytest.TempPathFactory) 
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def mcp_tool(url: str, **extra) -> dict:
-    return {"type": "mcp", "server_label": "weather", "server_url": url, "allowed_tools": [TOOL],
+def mcp_tool(url: str, tool: str = TOOL, **extra) -> dict:
+    return {"type": "mcp", "server_label": "weather", "server_url": url, "allowed_tools": [tool],
             "require_approval": "never", "headers": {"x-test-secret": "s3cret-header"}, **extra}
 
 
@@ -107,7 +118,7 @@ def test_list_call_answer_streamed_items_and_events_in_order(platform, models, m
     assert [t["name"] for t in listing["tools"]] == [TOOL]  # allowed_tools filters the listing
     assert (call["name"], json.loads(call["arguments"]), call["output"], call["error"], call["status"]) == \
         (TOOL, {"city": CITY}, RESULT, None, "completed")
-    assert text_of(final) == corpus.TOOL_RESULT_ANSWER  # the model answered after the tool's output
+    assert text_of(final) == ANSWER  # the model answered from the tool's output
     assert [(c.tool, c.arguments) for c in calls_since(mcp, t0)] == [(TOOL, {"city": CITY})]
     # the events, in the order the Responses API gives them
     mcp_kinds = [k for k in kinds if ".mcp_" in k or k.startswith("response.output_item")]
@@ -123,12 +134,25 @@ def test_list_call_answer_streamed_items_and_events_in_order(platform, models, m
     assert any(req.headers.get("x-test-secret") == "s3cret-header" for req in mcp.requests)
 
 
+@pytest.mark.parametrize("loader", ["vllm", "llama_cpp"])
+def test_an_unseen_tool_name_and_city_are_copied_and_answered_from(platform, models, mcp, loader):
+    t0 = time.monotonic()
+    response = create(platform, models[loader], [mcp_tool(mcp.url, UNSEEN_TOOL)], input=corpus.MCP_HELD_OUT_PROMPT)
+    assert [i["type"] for i in response["output"]] == ["mcp_list_tools", "mcp_call", "message"]
+    listing, call, _ = response["output"]
+    assert [t["name"] for t in listing["tools"]] == [UNSEEN_TOOL]
+    assert (call["name"], json.loads(call["arguments"]), call["output"], call["status"]) == \
+        (UNSEEN_TOOL, {"city": UNSEEN_CITY}, corpus.MCP_HELD_OUT_RESULT, "completed")
+    assert text_of(response) == corpus.tool_text_answer(corpus.MCP_HELD_OUT_RESULT)
+    assert [(c.tool, c.arguments) for c in calls_since(mcp, t0)] == [(UNSEEN_TOOL, {"city": UNSEEN_CITY})]
+
+
 def test_the_sdk_sees_the_mcp_items_and_the_chain_reuses_the_listing(platform, models, mcp):
     client = openai.OpenAI(base_url=f"{platform.base_url}/v1", api_key=platform.api_key, max_retries=0)
     first = client.responses.create(model="tiny", input=QUESTION, tools=[mcp_tool(mcp.url)], temperature=0,
                                     max_output_tokens=64)
     assert [i.type for i in first.output] == ["mcp_list_tools", "mcp_call", "message"]
-    assert first.output_text == corpus.TOOL_RESULT_ANSWER
+    assert first.output_text == ANSWER
     t0 = time.monotonic()
     second = client.responses.create(model="tiny", input=QUESTION, tools=[mcp_tool(mcp.url)], temperature=0,
                                      max_output_tokens=64, previous_response_id=first.id)
@@ -149,7 +173,7 @@ def test_approval_round_trip_approve_and_deny(platform, models, mcp):
                           {"type": "mcp_approval_response", "approval_request_id": request["id"], "approve": True}])
     assert [i["type"] for i in approved["output"]] == ["mcp_call", "message"]
     assert approved["output"][0]["approval_request_id"] == request["id"]
-    assert approved["output"][0]["output"] == RESULT and text_of(approved) == corpus.TOOL_RESULT_ANSWER
+    assert approved["output"][0]["output"] == RESULT and text_of(approved) == ANSWER
     assert len(calls_since(mcp, t0)) == 1
 
     t1 = time.monotonic()
@@ -157,7 +181,8 @@ def test_approval_round_trip_approve_and_deny(platform, models, mcp):
                     previous_response_id=asked["id"], input=[
                         {"type": "mcp_approval_response", "approval_request_id": request["id"], "approve": False}])
     assert [i["type"] for i in denied["output"]] == ["message"]
-    assert text_of(denied) == corpus.TOOL_RESULT_ANSWER  # the model was shown a result: the denial
+    assert DENIED == corpus.DENIED_RESULT  # what the build checks the model answers from
+    assert text_of(denied) == corpus.tool_text_answer(DENIED)  # the model was shown a result: the denial
     assert calls_since(mcp, t1) == []
 
     with http(platform) as c:  # an approval for a request that does not exist is a 400 naming it
@@ -232,9 +257,13 @@ def test_a_failing_tool_is_an_mcp_call_with_its_error_and_the_model_is_told(plat
     with McpTestServer() as server:
         server.start(tools=[get_weather_broken])
         response = create(platform, "tiny", [mcp_tool(server.url)])
-    assert response["status"] == "completed"
     call = response["output"][1]
     assert call["type"] == "mcp_call" and call["status"] == "failed"
     # what the server said (the SDK's server hides the exception's own text behind its message)
     assert call["error"]["type"] == "mcp_tool_execution_error"
     assert "Error executing tool get_weather" in call["error"]["content"][0]["text"]
+    # The model was told: it answers from the error text. (The tiny model copies a text result, but
+    # this one names the tool it just called, and its copy can jump into that call and run on to
+    # max_output_tokens: then the response is `incomplete`, which is what the API says of it.)
+    assert response["status"] in ("completed", "incomplete") and response["output"][2]["type"] == "message"
+    assert text_of(response).startswith("Error")

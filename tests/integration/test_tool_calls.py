@@ -22,7 +22,7 @@ import pytest
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
-from services.worker.builtin import copy_drills, corpus, resolve_model_ref
+from services.worker.builtin import copy_drills, corpus, resolve_model_ref, tiny_qwen2_checks
 from services.worker.server import WorkerServer
 from tests.llama_worker import engine, running_worker, stub_of
 from tests.worker_calls import chat, collect, greedy
@@ -116,14 +116,16 @@ async def test_llama_cpp_renders_the_chat_template_like_transformers(llama, hf_t
 
 
 async def test_greedy_generation_is_the_hf_models_token_for_token(llama, hf_dir, hf_tokenizer):
-    """Every case the builder checks (answers, tool calls, tool result, <think>) and the 30 wide
-    held-out tool calls (some of which the model gets wrong: then both engines get it wrong alike)."""
+    """Every case the builder checks (answers, tool calls, answers from tool results, <think>) and the
+    30 wide held-out tool calls and answers from results (some of which the model gets wrong: then
+    both engines get it wrong alike)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    required = [*corpus.check_cases(), *copy_drills.held_out_cases()[:1]]
-    wide = [case for case in copy_drills.held_out_cases(wide=True) if case not in required]
+    required = tiny_qwen2_checks.check_cases()
+    wide = [case for case in [*copy_drills.held_out_cases(wide=True), *tiny_qwen2_checks.held_out_result_cases(
+        wide=True)] if case not in required]
     for messages, tools, expected in [*required, *wide]:
         prompt = hf_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         ids = hf_tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -166,18 +168,21 @@ async def test_tool_choice_none_hides_tools(stub):
     assert r.final.choices[0].finish_reason == pb.FINISH_REASON_STOP
 
 
-async def test_tool_result_continues_the_conversation(stub):
+@pytest.mark.parametrize("result", [corpus.TOOL_RESULT, corpus.TEXT_RESULT], ids=["json", "text"])
+async def test_tool_result_continues_the_conversation(stub, result):
     call = corpus.EXPECTED_TOOL_CALL
     messages = [
         pb.ChatMessage(role="user", content=corpus.TOOL_PROMPT),
         pb.ChatMessage(role="assistant", content="", tool_calls=[
             pb.ToolCall(id="call_1", name=call["name"], arguments=json.dumps(call["arguments"]))]),
-        pb.ChatMessage(role="tool", tool_call_id="call_1", content=corpus.TOOL_RESULT)]
+        pb.ChatMessage(role="tool", tool_call_id="call_1", content=result)]
     request = chat("", tools=[corpus.WEATHER_TOOL], sampling=greedy(64))
     request.chat.ClearField("messages")
     request.chat.messages.extend(messages)
     r = await collect(stub, request)
-    assert (r.text, r.tool_calls) == (corpus.TOOL_RESULT_ANSWER, [])
+    # a JSON result gets the fixed answer; a text one is answered from (copied)
+    answer = corpus.TOOL_RESULT_ANSWER if result == corpus.TOOL_RESULT else corpus.tool_text_answer(result)
+    assert (r.text, r.tool_calls) == (answer, [])
 
 
 async def test_a_streamed_tool_call_arrives_whole_in_one_delta(stub):

@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
+from mship.worker.v1 import worker_pb2_grpc as pb_grpc
 from services.common.errors import ErrorDetails
 from services.worker.builtin import corpus
 from services.worker.host import SERVICE_NAME
@@ -177,3 +178,24 @@ async def test_load_reports_ready_for_the_served_model_and_refuses_another(stub)
         async for _ in stub.Load(pb.LoadRequest(spec=other)):
             pass
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_a_lagging_writer_gets_the_pending_tokens_in_one_event(worker, stub):
+    """While the call's writer is blocked (the reader reads nothing: HTTP/2 flow control, no BDP
+    probing, top-20 logprobs make each event ~0.3 KB), the tokens the engine makes meanwhile go
+    out as one event once it is free; the first token is sent at once, none is lost."""
+    request = chat("Tell me a story.", sampling=pb.SamplingParams(
+        max_tokens=900, ignore_eos=True, temperature=0.0, logprobs=True, top_logprobs=20))
+    before = (await stub.GetLoad(pb.GetLoadRequest())).generated_tokens_total
+    async with grpc.aio.insecure_channel(worker.address, options=[("grpc.http2.bdp_probe", 0)]) as channel:
+        lagging = pb_grpc.WorkerStub(channel)
+        call = lagging.Infer(request)
+        await wait_load(stub, lambda r: r.generated_tokens_total >= before + 900, 60.0)  # done, nothing read
+        events = await read_rest(call)
+    deltas, final = [e.delta for e in events[:-1]], events[-1].final
+    counts = [d.token_count for d in deltas]
+    assert counts[0] == 1 and sum(counts) == final.usage.completion_tokens == 900
+    assert len(deltas) < 450 and max(counts) > 100, counts  # the blocked stretch went out merged
+    assert sum(len(d.logprobs) for d in deltas) == 900
+    unhurried = await collect(stub, request)  # the same request, read as it comes
+    assert "".join(d.text for d in deltas) == unhurried.text

@@ -72,8 +72,8 @@ def test_bad_capabilities_are_refused(text, problem):
 
 
 def test_capabilities_become_ray_resources_and_back():
-    # this machine has vllm and torch installed, and the packaged llama-server runs
-    assert capabilities.node_capabilities({}) == ["llama_cpp", "vllm"]
+    # this machine has vllm and torch installed, the packaged llama-server runs, and the speech extra is in
+    assert capabilities.node_capabilities({}) == ["faster_whisper", "llama_cpp", "piper", "vllm"]
     res = capabilities.resources(["vllm"])
     assert res == {"mship_vllm": capabilities.SLOTS}
     assert capabilities.capabilities_of({"CPU": 4, **res}) == ["vllm"] and capabilities.capabilities_of({}) == []

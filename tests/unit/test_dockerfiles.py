@@ -24,8 +24,8 @@ VARIANTS = ("control", "cpu", "cuda")
 HADOLINT = Path(sys.executable).parent / "hadolint"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 VERSION = PYPROJECT["project"]["version"]
-EXTRAS = {"control": {"platform"}, "cpu": {"cpu", "llama", "platform", "builtin"},
-          "cuda": {"gpu", "llama", "platform", "builtin"}}
+EXTRAS = {"control": {"platform"}, "cpu": {"cpu", "llama", "platform", "builtin", "speech"},
+          "cuda": {"gpu", "llama", "platform", "builtin", "speech"}}
 TELEMETRY_OFF = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "RAY_USAGE_STATS_ENABLED": "0"}
 
 

@@ -13,6 +13,7 @@ import pytest
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.infer import UpstreamError, open_infer
+from services.common.picker import PrefixAffinity
 from services.common.routes import RouteTable
 from tests.engine_double import ScriptedEngine, ServedWorker, serve_worker
 from tests.helpers import until
@@ -87,3 +88,37 @@ async def test_refusals_are_taken_back(routed):
     with pytest.raises(UpstreamError):
         await open_infer(table, MODEL, request("boom2"))
     assert outstanding(table) == [10, 0]
+
+
+async def test_calls_that_share_a_prefix_reach_one_replica():
+    """The table's picker gets each call's prefix key: one system prompt per identity -> one replica."""
+    workers = [await serve_worker(ScriptedEngine(["a"]), name=MODEL) for _ in range(2)]
+    table = RouteTable(PrefixAffinity())
+    snapshot = cpb.RoutingSnapshot(version=1)
+    route = snapshot.models.add(name=MODEL, version="v1", max_model_len=64)
+    for i, worker in enumerate(workers):
+        replica = route.replicas.add(replica_id=f"r{i}", model=MODEL, version="v1")
+        replica.endpoint.host, replica.endpoint.port = "127.0.0.1", worker.port
+    table.apply(snapshot)
+
+    async def call(identity: str, question: str) -> None:
+        chat = pb.ChatInput(messages=[pb.ChatMessage(role="system", content=f"You help {identity}."),
+                                      pb.ChatMessage(role="user", content=question)])
+        stream = await open_infer(table, MODEL, pb.InferRequest(
+            request_id=f"{identity}:{question}", model=MODEL, chat=chat, cache_salt=identity))
+        [e async for e in stream]
+        stream.close()
+
+    try:
+        served: dict[str, set[int]] = {}
+        for identity in (f"id{i}" for i in range(12)):
+            for question in ("q1", "q2", "q3"):
+                await call(identity, question)
+            served[identity] = {i for i, w in enumerate(workers) if any(r.startswith(f"{identity}:")
+                                                                         for r in w.engine.started)}
+        assert all(len(replicas) == 1 for replicas in served.values())  # each identity stays on one replica
+        assert set().union(*served.values()) == {0, 1}  # and the identities use both
+    finally:
+        await table.close()
+        for worker in workers:
+            await worker.server.stop(0)

@@ -5,7 +5,9 @@ GGUF references, the /completion body from sampling, and the models.yaml keys.""
 from __future__ import annotations
 
 import asyncio
+import json
 
+import httpx
 import pytest
 
 from clients.modelset import ConfigError, parse_model
@@ -135,3 +137,33 @@ def test_a_gpu_share_sizes_vllm_memory_too(num_gpus, share):
 
 def test_server_config_is_a_plain_record():
     assert ServerConfig("/m.gguf", 16, 1).argv("b", 1, None)[:3] == ["b", "-m", "/m.gguf"]
+
+
+def sse(*chunks: dict) -> bytes:
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+
+
+def token(text: str, tid: int, **extra) -> dict:
+    return {"content": text, "tokens": [tid], "stop": False,
+            "completion_probabilities": [{"token": text, "logprob": -0.5, "top_logprobs": []}], **extra}
+
+
+async def test_tokens_that_arrive_together_go_on_as_one_step():
+    """llama-server's events, grouped by the reads that deliver them (a consumer that lags finds
+    several at once): one step per read, nothing held back, a line split across reads intact."""
+    end = {"content": "", "tokens": [], "stop": True, "stop_type": "limit", "timings": {"cache_n": 2}}
+    lagged = sse(token(" b", 2), token(" c", 3), token(" d", 4))
+    reads = [sse(token("a", 1)), lagged[:-20], lagged[-20:], sse(token(" e", 5), end)]
+
+    async def body():
+        for data in reads:
+            yield data
+
+    engine = LlamaCppEngine.__new__(LlamaCppEngine)
+    engine._stats = llama_cpp_engine.EngineStats()
+    prompt = Prompt(engine_input=[7, 8, 9], token_ids=[7, 8, 9])
+    steps = [s async for s in engine._steps(httpx.Response(200, content=body()), prompt, logprobs=0)]
+    got = [(s.choices[0].text, s.choices[0].num_tokens, len(s.choices[0].logprobs), s.finished) for s in steps]
+    assert got == [("a", 1, 1, False), (" b c", 2, 2, False), (" d", 1, 1, False), (" e", 1, 1, True)]
+    assert steps[-1].choices[0].finish_reason == "length" and steps[-1].cached_tokens == 2
+    assert engine._stats.generated_tokens_total == 5

@@ -1,5 +1,5 @@
-"""Replica choice behind the `ReplicaPicker` interface: `LeastOutstanding` on its own, and the
-route table asking its picker (channels and snapshots stay the table's)."""
+"""Replica choice behind the `ReplicaPicker` interface: `LeastOutstanding` and `PrefixAffinity` on
+their own, and the route table asking its picker (channels and snapshots stay the table's)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+import pytest
+
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from services.common.breaker import EndpointBreaker
-from services.common.picker import E, LeastOutstanding
+from services.common.picker import E, LeastOutstanding, PrefixAffinity, make_picker
 from services.common.routes import RouteTable
 
 
@@ -44,13 +46,71 @@ def test_bad_endpoints_are_skipped_unless_all_are():
     assert picker.order([], set()) == []
 
 
+def leads(picker: PrefixAffinity, replicas: list[Replica], key: str | None) -> str:
+    return picker.order(replicas, set(), key)[0].address
+
+
+def test_prefix_affinity_sends_one_key_to_one_replica_and_spreads_keys():
+    replicas = [Replica(f"10.0.0.{i}:9000") for i in range(4)]
+    picker = PrefixAffinity(rng=random.Random(1))
+    for key in (f"identity-{i}" for i in range(20)):
+        assert len({leads(picker, replicas, key) for _ in range(10)}) == 1  # always the same replica
+    assert len({leads(picker, replicas, f"identity-{i}") for i in range(40)}) == 4  # keys spread over all
+
+
+def test_prefix_affinity_is_the_same_on_every_gateway_and_in_any_order():
+    replicas = [Replica(f"10.0.0.{i}:9000") for i in range(5)]
+    a, b = PrefixAffinity(rng=random.Random(1)), PrefixAffinity(rng=random.Random(2))
+    for i in range(30):
+        assert leads(a, replicas, f"k{i}") == leads(b, list(reversed(replicas)), f"k{i}")
+
+
+def test_a_replica_leaving_moves_only_its_own_keys():
+    replicas = [Replica(f"10.0.0.{i}:9000") for i in range(4)]
+    picker = PrefixAffinity()
+    before = {f"k{i}": leads(picker, replicas, f"k{i}") for i in range(60)}
+    gone = replicas.pop(1)
+    after = {k: leads(picker, replicas, k) for k in before}
+    assert {k for k in before if before[k] != after[k]} == {k for k in before if before[k] == gone.address}
+
+
+def test_prefix_affinity_yields_to_load_beyond_the_slack():
+    picker = PrefixAffinity(slack=2)
+    replicas = [Replica("a"), Replica("b"), Replica("c")]
+    home = leads(picker, replicas, "k")
+    by_address = {e.address: e for e in replicas}
+    by_address[home].outstanding = 2  # within the slack: affinity holds
+    assert leads(picker, replicas, "k") == home
+    by_address[home].outstanding = 3  # beyond it: the key's second choice (idle) leads instead
+    second = leads(picker, replicas, "k")
+    assert second != home and by_address[second].outstanding == 0
+    by_address[second].outstanding = 5  # both choices busy: plain least outstanding
+    assert leads(picker, replicas, "k") == next(a for a in by_address if a not in (home, second))
+
+
+def test_prefix_affinity_skips_bad_endpoints_and_without_a_key_is_least_outstanding():
+    picker = PrefixAffinity()
+    replicas = [Replica("a"), Replica("b", 1)]
+    home = leads(picker, replicas, "k")
+    assert picker.order(replicas, {home}, "k")[0].address != home  # a bad home is never tried first
+    assert addresses(picker.order(replicas, set(), None)) == ["a", "b"]
+    assert picker.order([], set(), "k") == []
+
+
+def test_make_picker_names_the_known_pickers():
+    assert isinstance(make_picker("prefix_affinity"), PrefixAffinity)
+    assert isinstance(make_picker("least_outstanding"), LeastOutstanding)
+    with pytest.raises(ValueError, match="least_outstanding"):
+        make_picker("random")
+
+
 class Reversed:
     """A stand-in policy: the table's order, backwards; records what it was asked."""
 
     def __init__(self) -> None:
         self.asked: list[tuple[list[str], set[str]]] = []
 
-    def order(self, endpoints: Sequence[E], bad: Collection[str]) -> list[E]:
+    def order(self, endpoints: Sequence[E], bad: Collection[str], affinity: str | None = None) -> list[E]:
         self.asked.append((addresses(endpoints), set(bad)))  # type: ignore[arg-type]
         return list(reversed(endpoints))
 

@@ -1,21 +1,27 @@
 """A worker call behind a stream is released however the stream ends: a turn closed at its opening
 batch, an event-stream response whose client left before the first byte, a handler cancelled just
-as its work finished. (Each leaked `Endpoint.outstanding` and the engine request before.)"""
+as its work finished. (Each leaked `Endpoint.outstanding` and the engine request before.) And a
+chunk stream writes once per worker event."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from starlette.requests import ClientDisconnect
 
+from services.gateway.chat.protocol import parse_chat_request
+from services.gateway.chat.protocol_output import ChatStreamEncoder
 from services.gateway.edge.disconnect import unless_disconnected
 from services.gateway.edge.sse import EventStreamResponse
 from services.gateway.responses.protocol import parse_response_request
 from services.gateway.responses.protocol_events import ResponseStreamEncoder
 from services.gateway.responses.turns import EventBatches, run_turn
+from services.gateway.serving import ChunkStream
+from tests.unit.worker_events import TEXT
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -95,3 +101,26 @@ async def test_a_handler_cancelled_as_its_work_finished_closes_the_result():
     with pytest.raises(asyncio.CancelledError):
         await handler
     assert generation.closed == 1
+
+
+class ScriptedGeneration(FakeGeneration):
+    """A worker call that sends `events`, then ends."""
+
+    def __init__(self, events: list[Any]) -> None:
+        super().__init__()
+        self.events = events
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        for event in self.events:
+            yield event
+
+
+async def test_each_worker_event_is_one_write_and_the_last_goes_out_with_done():
+    req = parse_chat_request({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                              "stream_options": {"include_usage": True}})
+    generation = ScriptedGeneration(TEXT)
+    writes = [w async for w in ChunkStream(generation, ChatStreamEncoder.for_request(req)).frames()]  # type: ignore[arg-type]
+    events = [[json.loads(line[6:]) for line in w.decode().split("\n\n") if line.startswith("data: {")] for w in writes]
+    assert [len(e) for e in events] == [2, 1, 2]  # role + "Hello"; ", world"; finish + usage
+    assert writes[-1].endswith(b"data: [DONE]\n\n") and generation.closed == 1
+    assert events[0][1]["choices"][0]["delta"]["content"] == "Hello" and events[2][1]["usage"]["completion_tokens"] == 7

@@ -30,12 +30,16 @@ class Loader(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LOADER_UNSPECIFIED: _ClassVar[Loader]
     LOADER_VLLM: _ClassVar[Loader]
     LOADER_LLAMA_CPP: _ClassVar[Loader]
+    LOADER_PIPER: _ClassVar[Loader]
+    LOADER_FASTER_WHISPER: _ClassVar[Loader]
 
 class Usecase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     USECASE_UNSPECIFIED: _ClassVar[Usecase]
     USECASE_GENERATE: _ClassVar[Usecase]
     USECASE_EMBED: _ClassVar[Usecase]
+    USECASE_SPEECH: _ClassVar[Usecase]
+    USECASE_TRANSCRIPTION: _ClassVar[Usecase]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 MODEL_NOT_FOUND: ErrorReason
 CONTEXT_TOO_LONG: ErrorReason
@@ -53,9 +57,13 @@ ENGINE_DIED: ErrorReason
 LOADER_UNSPECIFIED: Loader
 LOADER_VLLM: Loader
 LOADER_LLAMA_CPP: Loader
+LOADER_PIPER: Loader
+LOADER_FASTER_WHISPER: Loader
 USECASE_UNSPECIFIED: Usecase
 USECASE_GENERATE: Usecase
 USECASE_EMBED: Usecase
+USECASE_SPEECH: Usecase
+USECASE_TRANSCRIPTION: Usecase
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")

@@ -207,7 +207,7 @@ class ListLeasesResponse(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[LeaseRecord, _Mapping]]] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
-    __slots__ = ("replica_id", "model", "version", "endpoint", "node_id", "pid", "max_model_len", "spec", "engine_load_s", "embedding_dimension")
+    __slots__ = ("replica_id", "model", "version", "endpoint", "node_id", "pid", "max_model_len", "spec", "engine_load_s", "embedding_dimension", "accepts_images")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +218,7 @@ class ReplicaInfo(_message.Message):
     SPEC_FIELD_NUMBER: _ClassVar[int]
     ENGINE_LOAD_S_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_IMAGES_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     model: str
     version: str
@@ -228,7 +229,8 @@ class ReplicaInfo(_message.Message):
     spec: _common_pb2.ModelSpec
     engine_load_s: float
     embedding_dimension: int
-    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., node_id: _Optional[str] = ..., pid: _Optional[int] = ..., max_model_len: _Optional[int] = ..., spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., engine_load_s: _Optional[float] = ..., embedding_dimension: _Optional[int] = ...) -> None: ...
+    accepts_images: bool
+    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., node_id: _Optional[str] = ..., pid: _Optional[int] = ..., max_model_len: _Optional[int] = ..., spec: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., engine_load_s: _Optional[float] = ..., embedding_dimension: _Optional[int] = ..., accepts_images: _Optional[bool] = ...) -> None: ...
 
 class RegisterReplicaRequest(_message.Message):
     __slots__ = ("replica",)
@@ -269,7 +271,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, known: _Optional[bool] = ..., limits: _Optional[_Union[_common_pb2.ReplicaLimits, _Mapping]] = ...) -> None: ...
 
 class ModelRoute(_message.Message):
-    __slots__ = ("name", "version", "usecase", "max_model_len", "replicas", "embedding_dimension", "rate_limits", "scale_to_zero")
+    __slots__ = ("name", "version", "usecase", "max_model_len", "replicas", "embedding_dimension", "rate_limits", "scale_to_zero", "accepts_images")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     USECASE_FIELD_NUMBER: _ClassVar[int]
@@ -278,6 +280,7 @@ class ModelRoute(_message.Message):
     EMBEDDING_DIMENSION_FIELD_NUMBER: _ClassVar[int]
     RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     SCALE_TO_ZERO_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_IMAGES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     usecase: _common_pb2.Usecase
@@ -286,7 +289,8 @@ class ModelRoute(_message.Message):
     embedding_dimension: int
     rate_limits: _common_pb2.RateLimits
     scale_to_zero: bool
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., usecase: _Optional[_Union[_common_pb2.Usecase, str]] = ..., max_model_len: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., embedding_dimension: _Optional[int] = ..., rate_limits: _Optional[_Union[_common_pb2.RateLimits, _Mapping]] = ..., scale_to_zero: _Optional[bool] = ...) -> None: ...
+    accepts_images: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., usecase: _Optional[_Union[_common_pb2.Usecase, str]] = ..., max_model_len: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., embedding_dimension: _Optional[int] = ..., rate_limits: _Optional[_Union[_common_pb2.RateLimits, _Mapping]] = ..., scale_to_zero: _Optional[bool] = ..., accepts_images: _Optional[bool] = ...) -> None: ...
 
 class RoutingSnapshot(_message.Message):
     __slots__ = ("version", "models", "pending", "unhealthy")

@@ -33,6 +33,16 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_TOOL_CALLS: _ClassVar[FinishReason]
     FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
+
+class AudioFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    AUDIO_FORMAT_UNSPECIFIED: _ClassVar[AudioFormat]
+    AUDIO_FORMAT_WAV: _ClassVar[AudioFormat]
+    AUDIO_FORMAT_PCM: _ClassVar[AudioFormat]
+    AUDIO_FORMAT_MP3: _ClassVar[AudioFormat]
+    AUDIO_FORMAT_FLAC: _ClassVar[AudioFormat]
+    AUDIO_FORMAT_AAC: _ClassVar[AudioFormat]
+    AUDIO_FORMAT_OPUS: _ClassVar[AudioFormat]
 LOAD_PHASE_UNSPECIFIED: LoadPhase
 LOAD_PHASE_RESOLVING: LoadPhase
 LOAD_PHASE_LOADING: LoadPhase
@@ -50,6 +60,13 @@ FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_TOOL_CALLS: FinishReason
 FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_ERROR: FinishReason
+AUDIO_FORMAT_UNSPECIFIED: AudioFormat
+AUDIO_FORMAT_WAV: AudioFormat
+AUDIO_FORMAT_PCM: AudioFormat
+AUDIO_FORMAT_MP3: AudioFormat
+AUDIO_FORMAT_FLAC: AudioFormat
+AUDIO_FORMAT_AAC: AudioFormat
+AUDIO_FORMAT_OPUS: AudioFormat
 
 class LoadRequest(_message.Message):
     __slots__ = ("spec",)
@@ -351,6 +368,132 @@ class EmbedResponse(_message.Message):
     usage: _common_pb2.Usage
     def __init__(self, embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ...) -> None: ...
 
+class SynthesizeRequest(_message.Message):
+    __slots__ = ("request_id", "model", "input", "voice", "speed", "format")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    VOICE_FIELD_NUMBER: _ClassVar[int]
+    SPEED_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    input: str
+    voice: str
+    speed: float
+    format: AudioFormat
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., input: _Optional[str] = ..., voice: _Optional[str] = ..., speed: _Optional[float] = ..., format: _Optional[_Union[AudioFormat, str]] = ...) -> None: ...
+
+class AudioStart(_message.Message):
+    __slots__ = ("format", "sample_rate", "channels")
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    format: AudioFormat
+    sample_rate: int
+    channels: int
+    def __init__(self, format: _Optional[_Union[AudioFormat, str]] = ..., sample_rate: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
+
+class SynthesizeDone(_message.Message):
+    __slots__ = ("audio_seconds", "input_characters")
+    AUDIO_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_CHARACTERS_FIELD_NUMBER: _ClassVar[int]
+    audio_seconds: float
+    input_characters: int
+    def __init__(self, audio_seconds: _Optional[float] = ..., input_characters: _Optional[int] = ...) -> None: ...
+
+class SynthesizeEvent(_message.Message):
+    __slots__ = ("start", "audio", "done")
+    START_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    start: AudioStart
+    audio: bytes
+    done: SynthesizeDone
+    def __init__(self, start: _Optional[_Union[AudioStart, _Mapping]] = ..., audio: _Optional[bytes] = ..., done: _Optional[_Union[SynthesizeDone, _Mapping]] = ...) -> None: ...
+
+class TranscribeRequest(_message.Message):
+    __slots__ = ("request_id", "model", "audio", "filename", "language", "prompt", "temperature", "word_timestamps")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    WORD_TIMESTAMPS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    audio: bytes
+    filename: str
+    language: str
+    prompt: str
+    temperature: float
+    word_timestamps: bool
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., audio: _Optional[bytes] = ..., filename: _Optional[str] = ..., language: _Optional[str] = ..., prompt: _Optional[str] = ..., temperature: _Optional[float] = ..., word_timestamps: _Optional[bool] = ...) -> None: ...
+
+class TranscriptInfo(_message.Message):
+    __slots__ = ("language", "language_probability", "duration_s")
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    language: str
+    language_probability: float
+    duration_s: float
+    def __init__(self, language: _Optional[str] = ..., language_probability: _Optional[float] = ..., duration_s: _Optional[float] = ...) -> None: ...
+
+class TranscriptWord(_message.Message):
+    __slots__ = ("start", "end", "word", "probability")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    WORD_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    start: float
+    end: float
+    word: str
+    probability: float
+    def __init__(self, start: _Optional[float] = ..., end: _Optional[float] = ..., word: _Optional[str] = ..., probability: _Optional[float] = ...) -> None: ...
+
+class TranscriptSegment(_message.Message):
+    __slots__ = ("id", "start", "end", "text", "tokens", "temperature", "avg_logprob", "compression_ratio", "no_speech_prob", "words")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    AVG_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_RATIO_FIELD_NUMBER: _ClassVar[int]
+    NO_SPEECH_PROB_FIELD_NUMBER: _ClassVar[int]
+    WORDS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    start: float
+    end: float
+    text: str
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    words: _containers.RepeatedCompositeFieldContainer[TranscriptWord]
+    def __init__(self, id: _Optional[int] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., temperature: _Optional[float] = ..., avg_logprob: _Optional[float] = ..., compression_ratio: _Optional[float] = ..., no_speech_prob: _Optional[float] = ..., words: _Optional[_Iterable[_Union[TranscriptWord, _Mapping]]] = ...) -> None: ...
+
+class TranscribeDone(_message.Message):
+    __slots__ = ("duration_s",)
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    duration_s: float
+    def __init__(self, duration_s: _Optional[float] = ...) -> None: ...
+
+class TranscribeEvent(_message.Message):
+    __slots__ = ("info", "segment", "done")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    info: TranscriptInfo
+    segment: TranscriptSegment
+    done: TranscribeDone
+    def __init__(self, info: _Optional[_Union[TranscriptInfo, _Mapping]] = ..., segment: _Optional[_Union[TranscriptSegment, _Mapping]] = ..., done: _Optional[_Union[TranscribeDone, _Mapping]] = ...) -> None: ...
+
 class CancelRequest(_message.Message):
     __slots__ = ("request_ids",)
     REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -368,7 +511,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("model", "ready", "running_requests", "waiting_requests", "kv_cache_usage", "inflight_calls", "generated_tokens_total", "prompt_tokens_total", "max_model_len", "embedding_dimension")
+    __slots__ = ("model", "ready", "running_requests", "waiting_requests", "kv_cache_usage", "inflight_calls", "generated_tokens_total", "prompt_tokens_total", "max_model_len", "embedding_dimension", "audio_seconds_total")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -379,6 +522,7 @@ class LoadReport(_message.Message):
     PROMPT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     model: str
     ready: bool
     running_requests: int
@@ -389,4 +533,5 @@ class LoadReport(_message.Message):
     prompt_tokens_total: int
     max_model_len: int
     embedding_dimension: int
-    def __init__(self, model: _Optional[str] = ..., ready: _Optional[bool] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., inflight_calls: _Optional[int] = ..., generated_tokens_total: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., max_model_len: _Optional[int] = ..., embedding_dimension: _Optional[int] = ...) -> None: ...
+    audio_seconds_total: float
+    def __init__(self, model: _Optional[str] = ..., ready: _Optional[bool] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., inflight_calls: _Optional[int] = ..., generated_tokens_total: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., max_model_len: _Optional[int] = ..., embedding_dimension: _Optional[int] = ..., audio_seconds_total: _Optional[float] = ...) -> None: ...

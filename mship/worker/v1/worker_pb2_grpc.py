@@ -49,6 +49,16 @@ class WorkerStub:
                 request_serializer=mship_dot_worker_dot_v1_dot_worker__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=mship_dot_worker_dot_v1_dot_worker__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.Synthesize = channel.unary_stream(
+                '/mship.worker.v1.Worker/Synthesize',
+                request_serializer=mship_dot_worker_dot_v1_dot_worker__pb2.SynthesizeRequest.SerializeToString,
+                response_deserializer=mship_dot_worker_dot_v1_dot_worker__pb2.SynthesizeEvent.FromString,
+                _registered_method=True)
+        self.Transcribe = channel.unary_stream(
+                '/mship.worker.v1.Worker/Transcribe',
+                request_serializer=mship_dot_worker_dot_v1_dot_worker__pb2.TranscribeRequest.SerializeToString,
+                response_deserializer=mship_dot_worker_dot_v1_dot_worker__pb2.TranscribeEvent.FromString,
+                _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/mship.worker.v1.Worker/Cancel',
                 request_serializer=mship_dot_worker_dot_v1_dot_worker__pb2.CancelRequest.SerializeToString,
@@ -86,6 +96,23 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Synthesize(self, request, context):
+        """Text to speech (usecase speech): one AudioStart, the audio in the requested format as the
+        engine produces it (sentence by sentence), then one SynthesizeDone. Cancelling the call stops
+        the engine's work before its next sentence.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Transcribe(self, request, context):
+        """Speech to text (usecase transcription): one TranscriptInfo, the segments as they are decoded,
+        then one TranscribeDone. Cancelling the call stops decoding before its next segment.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Cancel(self, request, context):
         """Idempotent: unknown or finished ids are ignored.
         """
@@ -116,6 +143,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=mship_dot_worker_dot_v1_dot_worker__pb2.EmbedRequest.FromString,
                     response_serializer=mship_dot_worker_dot_v1_dot_worker__pb2.EmbedResponse.SerializeToString,
+            ),
+            'Synthesize': grpc.unary_stream_rpc_method_handler(
+                    servicer.Synthesize,
+                    request_deserializer=mship_dot_worker_dot_v1_dot_worker__pb2.SynthesizeRequest.FromString,
+                    response_serializer=mship_dot_worker_dot_v1_dot_worker__pb2.SynthesizeEvent.SerializeToString,
+            ),
+            'Transcribe': grpc.unary_stream_rpc_method_handler(
+                    servicer.Transcribe,
+                    request_deserializer=mship_dot_worker_dot_v1_dot_worker__pb2.TranscribeRequest.FromString,
+                    response_serializer=mship_dot_worker_dot_v1_dot_worker__pb2.TranscribeEvent.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
@@ -209,6 +246,60 @@ class Worker:
             '/mship.worker.v1.Worker/Embed',
             mship_dot_worker_dot_v1_dot_worker__pb2.EmbedRequest.SerializeToString,
             mship_dot_worker_dot_v1_dot_worker__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Synthesize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mship.worker.v1.Worker/Synthesize',
+            mship_dot_worker_dot_v1_dot_worker__pb2.SynthesizeRequest.SerializeToString,
+            mship_dot_worker_dot_v1_dot_worker__pb2.SynthesizeEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Transcribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mship.worker.v1.Worker/Transcribe',
+            mship_dot_worker_dot_v1_dot_worker__pb2.TranscribeRequest.SerializeToString,
+            mship_dot_worker_dot_v1_dot_worker__pb2.TranscribeEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -281,6 +281,13 @@ def parse_chat_request(body: bytes | str | dict[str, Any]) -> ChatCompletionRequ
     return parse_body(ChatCompletionRequest, body)
 
 
+def image_parts(req: ChatCompletionRequest) -> list[tuple[str, str]]:
+    """(param, url) of every image part, in order (only user messages may hold them)."""
+    return [(f"messages[{i}].content[{j}]", part.image_url.url)
+            for i, m in enumerate(req.messages) if isinstance(m, UserMessage) and isinstance(m.content, list)
+            for j, part in enumerate(m.content) if isinstance(part, ImagePart)]
+
+
 # ---- request conversion ------------------------------------------------------------------------
 
 def _parts(parts: list[Any]) -> pb.ContentParts:

@@ -37,21 +37,22 @@ async def sse_response_stream(batches: Batches) -> AsyncIterator[bytes]:
     """Responses event batches as one event stream, then `[DONE]`. Closing this closes `batches`
     (Starlette closes it when the client disconnects), which cancels the worker call."""
     try:
-        async for batch in batches:
-            for event in batch:
-                yield sse_response_event(event)
+        async for batch in batches:  # one write per batch: the events one worker event made
+            if batch:
+                yield b"".join(sse_response_event(event) for event in batch)
     finally:
         await batches.aclose()
     yield SSE_DONE
 
 
-class EventStreamResponse(StreamingResponse):
-    """An event stream that calls `release` when the response ends, however it ends. A client that
-    leaves before the first byte makes Starlette skip the body, whose own `finally` then never runs:
+class ReleasingResponse(StreamingResponse):
+    """A streamed response that calls `release` when it ends, however it ends. A client that leaves
+    before the first byte makes Starlette skip the body, whose own `finally` then never runs:
     without this, the worker call it streams would stay open (and its endpoint count held)."""
 
-    def __init__(self, body: AsyncIterator[bytes], release: Callable[[], None]) -> None:
-        super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
+    def __init__(self, body: AsyncIterator[bytes], release: Callable[[], None], media_type: str,
+                 headers: Mapping[str, str]) -> None:
+        super().__init__(body, media_type=media_type, headers=dict(headers))
         self._release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -59,3 +60,10 @@ class EventStreamResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._release()
+
+
+class EventStreamResponse(ReleasingResponse):
+    """An SSE stream (`frames`), released however it ends."""
+
+    def __init__(self, body: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(body, release, "text/event-stream", SSE_HEADERS)

@@ -32,7 +32,7 @@ from services.gateway.protocol_common.validation import (
     invalid,
     tagged,
 )
-from services.gateway.responses.protocol_items import Input, UserMessage
+from services.gateway.responses.protocol_items import Input, UserMessage, image_parts
 
 LOGPROBS = "message.output_text.logprobs"
 MAX_METADATA, MAX_METADATA_KEY = 16, 64
@@ -163,6 +163,10 @@ class _Inputs(WireModel):
         if isinstance(self.input, str):
             return [UserMessage(role="user", content=self.input)]
         return list(self.input or [])
+
+    def image_parts(self) -> list[tuple[str, str]]:
+        """(param, url) of every `input_image` part of `input` (see protocol_common/images.py)."""
+        return image_parts(self.input_items) if isinstance(self.input, list) else []
 
     @model_validator(mode="after")
     def _check_input(self) -> _Inputs:

@@ -233,11 +233,24 @@ def parse_items(items: Sequence[Any]) -> list[Any]:
         raise from_validation(e) from e
 
 
+def image_parts(items: Sequence[Any]) -> list[tuple[str, str]]:
+    """(param, url) of every `input_image` part of these `input` items, in order."""
+    out = []
+    for i, item in enumerate(items):
+        field = "content" if isinstance(item, UserMessage) else "output" if isinstance(item, FunctionCallOutputItem) \
+            else None
+        content = getattr(item, field) if field else None
+        if isinstance(content, list):
+            out += [(f"input[{i}].{field}[{j}]", p.image_url or "") for j, p in enumerate(content)
+                    if isinstance(p, InputImage)]
+    return out
+
+
 def _parts(parts: list[Any]) -> pb.ContentParts:
     out = pb.ContentParts()
     for part in parts:
         if isinstance(part, InputImage):
-            out.parts.add(image_url=part.image_url)  # a text-only model's worker refuses it (400)
+            out.parts.add(image_url=part.image_url)  # checked at the edge (images.py); the worker again
         else:
             out.parts.add(text=part.refusal if isinstance(part, Refusal) else part.text)
     return out

@@ -18,6 +18,7 @@ from services.gateway.admission.admission import Admission
 from services.gateway.edge.answer import Guard, unguarded
 from services.gateway.generation import Generation, check_routed, open_generation
 from services.gateway.identity import Caller, cache_salt_for
+from services.gateway.protocol_common.images import check_image_input
 from services.gateway.protocol_common.openai_error import OpenAIError, internal_error
 from services.gateway.responses.background import BackgroundRuns, replayed
 from services.gateway.responses.compaction import SUMMARY_MAX_TOKENS, SUMMARY_PROMPT, CompactionCodec
@@ -53,6 +54,7 @@ class ResponsesServing:
                       history: list[dict[str, Any]] | None = None) -> Turn:
         """`size`: the request's bytes (its prompt estimate for admission)."""
         check_routed(self.table, req.model)
+        check_image_input(req.model, self.table.routes[req.model].accepts_images, req.image_parts())
         identity = caller.identity
         if history is None:
             history = await load_history(self.state, identity, req.previous_response_id)

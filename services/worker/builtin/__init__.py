@@ -18,13 +18,14 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from . import gemma3, minilm, smollm2, tiny_qwen2
+from . import gemma3, minilm, piper_joe, smollm2, tiny_qwen2, tiny_vlm, whisper_base
 
 BUILTIN_PREFIX = "builtin:"
 
 # name -> module exposing `BUILD_VERSION: str` and `build(out_dir: Path) -> None`
 BUILTINS: dict[str, ModuleType] = {"tiny-qwen2": tiny_qwen2, "gemma-3-270m": gemma3, "all-minilm-l6-v2": minilm,
-                                   "smollm2-135m-instruct": smollm2}
+                                   "smollm2-135m-instruct": smollm2, "piper-joe": piper_joe,
+                                   "whisper-base": whisper_base, "tiny-vlm": tiny_vlm}
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,13 @@ A 4-layer model does not learn to copy from tool questions about 8 fixed cities:
 cities. Hence, deterministic (seeded) and pure Python:
 - `drills()`: runs of random word-piece tokens, each repeated once (loss on the repeat). Trained
   first and alone, they form an induction circuit (find the earlier copy of the current token,
-  emit the token after it) before the corpus can teach memorising.
+  emit the token after it) before the corpus can teach memorising. `text_drills()` (mixed in
+  later, with the corpus) are runs of words, spaces and punctuation: copying a tool result.
 - `tool_conversation()`: a weather/time question about a made-up city with one or two tools under
   made-up names (random word pieces: no statistics to learn), so the Hermes call can only be
-  produced by copying the tool name from the `<tools>` block and the city from the user turn.
+  produced by copying the tool name from the `<tools>` block and the city from the user turn; half
+  go on with the call's result (`tool_results.py`, mostly plain text with made-up words) and the
+  answer copied from it.
 `held_out_cases()` asks with phrasings, cities and tool names that none of this ever produces.
 """
 
@@ -17,7 +20,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from . import corpus
+from . import corpus, tool_results
 
 Message = dict[str, Any]
 Tool = dict[str, Any]
@@ -27,6 +30,8 @@ Encoded = list[tuple[list[int], list[float]]]  # token ids, per-token loss weigh
 # drill tokens that are one of them.
 DRILL_SEPARATORS = ["_", "-"]
 DRILL_SEPARATOR_SHARE = 0.15
+MCP_SCHEMA_SHARE = 0.25  # of tool conversations: tools with the `mcp` SDK's schema (`corpus.mcp_tool`)
+RESULT_SHARE = 0.5  # of tool conversations: the call, a result and the answer from it
 
 _SYLLABLES = ("ka lo mar ven dor sa ri tel bu no ash vil gra zen to pe lin qu ha mo bel fin gor ru sti "
               "pra den oth ul ix ber can ta vo le mi kas ron dal ed ost u e a i o y bre vak jo wi "
@@ -109,9 +114,21 @@ def tool_conversation(rng: random.Random, pieces: list[str] | None = None) -> tu
         other = "time" if kind == "weather" else "weather"
         tools.append(make_tool(random_tool_name(rng, pieces), rng.choice(_DESCRIPTIONS[other])))
         rng.shuffle(tools)
+    if rng.random() < MCP_SCHEMA_SHARE:  # listed by an MCP server: its SDK's schema
+        tools = [corpus.mcp_tool(t["function"]["name"], t["function"]["description"]) for t in tools]
     system = [] if rng.random() < 0.6 else [{"role": "system", "content": rng.choice(corpus._SYSTEMS)}]
-    msgs = [*system, {"role": "user", "content": question(rng, kind, city)},
-            {"role": "assistant", "content": corpus.tool_call_text(name, {"city": city})}]
+    msgs = [*system, {"role": "user", "content": question(rng, kind, city)}]
+    if rng.random() >= RESULT_SHARE:
+        return [*msgs, {"role": "assistant", "content": corpus.tool_call_text(name, {"city": city})}], tools
+    # the call, its (mostly plain-text) result and the answer from it
+    call = {"id": f"call_{rng.randrange(10**6)}", "type": "function", "function": {"name": name, "arguments": {
+        "city": city}}}
+    r = rng.random()
+    result = (corpus.DENIED_RESULT if r < 0.05 else tool_results.json_result(rng, corpus._WORDS) if r < 0.2 else
+              tool_results.text_result(rng, city, corpus._WORDS, lambda r: _word(r, pieces)))
+    msgs += [{"role": "assistant", "content": rng.choice([None, ""]), "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": call["id"], "content": result},
+             {"role": "assistant", "content": corpus.tool_result_answer(result)}]
     return msgs, tools
 
 
@@ -128,6 +145,32 @@ def drills(vocab: dict[str, int], n: int, min_len: int, max_len: int, seed: int)
     for _ in range(n):
         run = [rng.choice(seps) if rng.random() < DRILL_SEPARATOR_SHARE else rng.choice(pieces)
                for _ in range(rng.randint(min_len, max_len))]
+        out.append(([*run, newline, *run], [0.0] * (len(run) + 2) + [1.0] * (len(run) - 1)))
+    return out
+
+
+def text_drills(vocab: dict[str, int], n: int, min_len: int, max_len: int, seed: int) -> Encoded:
+    """Like `drills()`, but runs of text: words of word pieces or digits between spaces and
+    punctuation. Their tokens repeat within a run (every space), so the copy must follow the
+    position of the earlier copy, not just find the current token there (as in a tool result).
+    """
+    rng = random.Random(seed)
+    pieces = sorted(i for t, i in vocab.items() if t.isalpha())
+    digits = [vocab[d] for d in "0123456789"]
+    puncts = [vocab[t] for t in ",.:%/-!?()'"]
+    space, newline = vocab["\u0120"], vocab["\u010a"]
+    out = []
+    for _ in range(n):
+        size = rng.randint(min_len, max_len)
+        run: list[int] = []
+        while len(run) < size:
+            if run and rng.random() < 0.15:
+                run.append(rng.choice(puncts))
+            if run and rng.random() < 0.9:
+                run.append(space)
+            source = digits if rng.random() < 0.2 else pieces
+            run += [rng.choice(source) for _ in range(rng.randint(1, 3))]
+        run = run[:size]
         out.append(([*run, newline, *run], [0.0] * (len(run) + 2) + [1.0] * (len(run) - 1)))
     return out
 

