@@ -12,6 +12,7 @@ prompt prefix, so sending them to one replica lets its prefix cache serve the sh
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Collection, Sequence
 from typing import Protocol, TypeVar
@@ -52,26 +53,31 @@ class LeastOutstanding:
 
 
 class PrefixAffinity:
-    """Power of two choices on the prefix key, bounded by load.
+    """Power of two choices on the prefix key, with bounded loads.
 
     The key ranks the endpoints by rendezvous hashing (the same key ranks the same replicas first on
     every gateway, and a replica that leaves moves only its own keys). The key's first choice leads
-    while it has at most `slack` more calls in flight than the least busy endpoint; else its second
-    choice, on the same bound; else the order is plain least outstanding. Everything after the lead
-    is least outstanding, so retries before the first token go where the load is lowest.
+    while taking the call keeps it within `balance` times the mean load (consistent hashing with
+    bounded loads, Mirrokni et al. 2018: the bound grows with the load, so a hot key spills onto its
+    second choice as soon as one replica holds more than its share, never only at a fixed excess);
+    else its second choice, on the same bound; else the order is plain least outstanding. Everything
+    after the lead is least outstanding, so retries before the first token go where the load is lowest.
     """
 
-    def __init__(self, slack: int = 2, rng: random.Random | None = None) -> None:
-        self.slack = slack
+    def __init__(self, balance: float = 1.25, rng: random.Random | None = None) -> None:
+        if balance < 1.0:
+            raise ValueError("balance must be at least 1 (1: every replica at most its mean share)")
+        self.balance = balance
         self._fallback = LeastOutstanding(rng)
 
     def order(self, endpoints: Sequence[E], bad: Collection[str], affinity: str | None = None) -> list[E]:
         ordered = self._fallback.order(endpoints, bad)
         if affinity is None or len(ordered) < 2:
             return ordered
-        bound = ordered[0].outstanding + self.slack
+        # the most calls an endpoint may hold once it takes this one
+        cap = math.ceil(self.balance * (sum(e.outstanding for e in ordered) + 1) / len(ordered))
         first, second = sorted(ordered, key=lambda e: _rank(affinity, e.address), reverse=True)[:2]
-        lead = first if first.outstanding <= bound else second if second.outstanding <= bound else None
+        lead = first if first.outstanding < cap else second if second.outstanding < cap else None
         if lead is None or lead is ordered[0]:
             return ordered
         return [lead, *(e for e in ordered if e is not lead)]

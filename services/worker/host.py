@@ -158,8 +158,18 @@ class ModelHost:
                 pass
             return
         prompt = await engine.render(RenderRequest(prompt="warm up"))
-        async for _ in engine.generate(prompt, Sampling(max_tokens=1, temperature=0.0), "warmup"):
-            pass
+
+        async def drain(request_id: str, max_tokens: int) -> None:
+            sampling = Sampling(max_tokens=max_tokens, temperature=0.0, logprobs=1)
+            async for _ in engine.generate(prompt, sampling, request_id):
+                pass
+
+        # With logprobs, once alone and then two at a time: vLLM builds its logprobs kernel with
+        # torch.compile (a C++ build on CPU, seconds, far more on a cold cache) at the first batch
+        # that asks for logprobs and again, shape-generic, at the next batch size. Done here, that
+        # is load time; otherwise the first such request stalls every stream on the engine.
+        await drain("warmup", 1)
+        await asyncio.gather(drain("warmup-a", 4), drain("warmup-b", 4))
 
     async def _set_health(self, serving: bool) -> None:
         if self._health is None:

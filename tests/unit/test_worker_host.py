@@ -30,7 +30,7 @@ async def test_a_load_reports_every_phase_to_early_and_late_callers(monkeypatch:
     host.begin_load(SPEC)
     assert await phases(host) == [*PHASES, "LOAD_PHASE_READY"]  # followed while it loads
     await host.wait_ready()
-    assert host.ready and engine.started == ["warmup"] and host.load_seconds() >= 0
+    assert host.ready and engine.started == ["warmup", "warmup-a", "warmup-b"] and host.load_seconds() >= 0
     assert await phases(host) == [*PHASES, "LOAD_PHASE_READY"]  # a late caller: the whole history
     await host.shutdown()
 
