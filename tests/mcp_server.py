@@ -75,11 +75,13 @@ def forecast(city: str, days: int = 3) -> dict[str, Any]:
 
 class McpTestServer:
     def __init__(self, host: str = "127.0.0.1", path: str = "/mcp", extra_hosts: Sequence[str] = (),
-                 required_headers: Mapping[str, str] | None = None) -> None:
+                 required_headers: Mapping[str, str] | None = None, refused_methods: Iterable[str] = ()) -> None:
         """`extra_hosts`: Host header values the server accepts besides 127.0.0.1 and localhost
         (the SDK refuses others, as DNS rebinding protection), e.g. "mcp.test:*".
-        `required_headers`: a request without them (names case-insensitive) gets HTTP 401."""
+        `required_headers`: a request without them (names case-insensitive) gets HTTP 401.
+        `refused_methods`: JSON-RPC methods (e.g. "tools/list") answered with a JSON-RPC error."""
         self.host, self.path, self.extra_hosts = host, path, list(extra_hosts)
+        self.refused_methods = frozenset(refused_methods)
         self.required_headers = {k.lower(): v for k, v in (required_headers or {}).items()}
         self.port = 0
         self._lock = threading.Lock()
@@ -215,6 +217,18 @@ def _tool_call(body: bytes) -> tuple[str, dict[str, Any]] | None:
     return str(params.get("name")), dict(params.get("arguments") or {})
 
 
+def _refusal(body: bytes, methods: frozenset[str]) -> bytes | None:
+    """A JSON-RPC error answering `body`, if its method is one of `methods`."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("method") not in methods:
+        return None
+    error = {"code": -32601, "message": f"Method not found: {message['method']}"}
+    return json.dumps({"jsonrpc": "2.0", "id": message.get("id"), "error": error}).encode()
+
+
 class _Recorder:
     """ASGI wrapper: reads the whole body once, records it, replays it to the app."""
 
@@ -240,6 +254,12 @@ class _Recorder:
             await send({"type": "http.response.start", "status": 401,
                         "headers": [(b"content-type", b"text/plain"), (b"www-authenticate", b"Bearer")]})
             await send({"type": "http.response.body", "body": b"unauthorized"})
+            return
+        refusal = _refusal(body, self.owner.refused_methods)
+        if refusal is not None:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": refusal})
             return
         replayed = False
 

@@ -186,7 +186,15 @@ class RayNode:
         self._kill_group()  # anything of the group that outlived it (Ray's agents can)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)  # SIGKILLed: only the kernel's reaping is left
+        self._wait_group_gone(5.0)
         return forced
+
+    def _wait_group_gone(self, timeout_s: float) -> None:
+        """A SIGKILL is delivered, not done, when `killpg` returns: the stop is over only once no
+        member of the group still runs (their ports and files are free for whoever comes next)."""
+        end = time.monotonic() + timeout_s
+        while self._group() and time.monotonic() < end:
+            time.sleep(0.02)
 
     def _group(self) -> list[int]:
         """The live processes of the node's process group (its leader is `ray start`)."""

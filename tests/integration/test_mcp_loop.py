@@ -60,6 +60,14 @@ def mcp() -> Iterator[McpTestServer]:
 
 
 @pytest.fixture(scope="module")
+def refusing_mcp() -> Iterator[McpTestServer]:
+    """Up, but answers tools/list with a JSON-RPC error."""
+    with McpTestServer(refused_methods={"tools/list"}) as server:
+        server.start()
+        yield server
+
+
+@pytest.fixture(scope="module")
 def models(platform: PlatformProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """`tiny` (vLLM) and the same model's GGUF on llama.cpp beside it (an additive deploy),
     reconciled away afterwards."""
@@ -221,9 +229,10 @@ def test_background_cancel_mid_loop_stays_cancelled_and_no_call_follows(platform
         assert len(server.calls) == 1
 
 
-def test_unreachable_server_and_refused_hosts_fail_the_response_clearly(platform, models):
+def test_unreachable_server_and_refused_hosts_fail_the_response_clearly(platform, models, refusing_mcp):
     dead = f"http://127.0.0.1:{free_port()}/mcp"
     for url, words in ((dead, ("weather", "unreachable")),
+                       (refusing_mcp.url, ("weather", "refused to list tools")),
                        ("http://127.0.0.2:9/mcp", ("MSHIP_MCP_ALLOWED_HOSTS",)),
                        ("http://169.254.169.254/mcp", ("169.254.169.254",))):
         failed = create(platform, "tiny", [mcp_tool(url)])  # a 200 with a failed response, never a 5xx

@@ -15,7 +15,6 @@ import pytest
 from services.common.vocabulary import ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S
 from services.gateway.mcp.client import (
     DEFAULT_TIMEOUT_S,
-    ListedToolsCache,
     McpClient,
     McpToolError,
     McpUnavailable,
@@ -23,7 +22,7 @@ from services.gateway.mcp.client import (
     timeout_from_env,
 )
 from services.gateway.mcp.egress import EgressPolicy, EgressRefused
-from services.gateway.mcp.tools import ListedTool, McpServerSpec, parse_mcp_tool
+from services.gateway.mcp.tools import McpServerSpec, parse_mcp_tool
 from tests.mcp_server import HEADER_TOOL_NAME, McpTestServer
 
 SECRET = "s3cr3t-header-value"
@@ -42,7 +41,7 @@ def spec_for(url: str, **kw: Any) -> McpServerSpec:
 
 
 def client(url: str, timeout_s: float = 10, **kw: Any) -> McpClient:
-    return McpClient(spec_for(url, **kw), timeout_s=timeout_s, policy=LOCAL, cache=None)
+    return McpClient(spec_for(url, **kw), timeout_s=timeout_s, policy=LOCAL)
 
 
 def free_port() -> int:
@@ -125,8 +124,7 @@ async def test_unresolvable_host_is_unavailable() -> None:
     async def no_dns(host: str, port: int) -> list[str]:
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
-    c = McpClient(spec_for("http://gone.test/mcp"), policy=EgressPolicy.parse("gone.test", resolver=no_dns),
-                  cache=None)
+    c = McpClient(spec_for("http://gone.test/mcp"), policy=EgressPolicy.parse("gone.test", resolver=no_dns))
     with pytest.raises(McpUnavailable, match="does not resolve"):
         await c.list_tools()
 
@@ -168,12 +166,12 @@ async def test_egress_refusal_comes_before_any_connection(monkeypatch: pytest.Mo
         listener.listen()
         listener.settimeout(0.3)
         url = f"http://127.0.0.1:{listener.getsockname()[1]}/mcp"
-        refusing = McpClient(spec_for(url), policy=EgressPolicy.parse("127.0.0.1:1"), cache=None)
+        refusing = McpClient(spec_for(url), policy=EgressPolicy.parse("127.0.0.1:1"))
         with pytest.raises(EgressRefused, match=ENV_MCP_ALLOWED_HOSTS):
             await refusing.list_tools()
         monkeypatch.delenv(ENV_MCP_ALLOWED_HOSTS, raising=False)  # the default: the environment's, empty
         with pytest.raises(EgressRefused, match="is empty"):
-            await McpClient(spec_for(url), cache=None).call_tool("lookup_weather", {"city": "x"})
+            await McpClient(spec_for(url)).call_tool("lookup_weather", {"city": "x"})
         with pytest.raises(TimeoutError):
             listener.accept()  # nobody connected
 
@@ -181,7 +179,7 @@ async def test_egress_refusal_comes_before_any_connection(monkeypatch: pytest.Mo
 async def test_env_allows_and_times(monkeypatch: pytest.MonkeyPatch, server: McpTestServer) -> None:
     monkeypatch.setenv(ENV_MCP_ALLOWED_HOSTS, "localhost")
     monkeypatch.setenv(ENV_MCP_TIMEOUT_S, "7.5")
-    c = McpClient(spec_for(server.url.replace("127.0.0.1", "localhost")), cache=None)
+    c = McpClient(spec_for(server.url.replace("127.0.0.1", "localhost")))
     assert c.timeout_s == 7.5
     assert (await c.call_tool("lookup_weather", {"city": "Lima"})).text == "Sunny, 21 C in Lima"
     assert timeout_from_env({}) == DEFAULT_TIMEOUT_S
@@ -204,27 +202,10 @@ async def test_cancelling_a_call_closes_it_promptly(server: McpTestServer) -> No
     assert await asyncio.to_thread(server.wait_cancelled, "slow", 5)  # the server saw its request go away
 
 
-async def test_cache_serves_a_second_listing(server: McpTestServer) -> None:
-    now = [0.0]
-    cache = ListedToolsCache(ttl_s=300, clock=lambda: now[0])
-    spec = spec_for(server.url, allowed_tools=["lookup_weather"])
-    first = await McpClient(spec, policy=LOCAL, cache=cache).list_tools()
-    posts = len(server.requests)
-    assert await McpClient(spec, policy=LOCAL, cache=cache).list_tools() == first
-    assert len(server.requests) == posts  # no request: from the cache
-    now[0] = 301
-    assert await McpClient(spec, policy=LOCAL, cache=cache).list_tools() == first
-    assert len(server.requests) > posts  # expired: listed again
-
-
-def test_cache_keys_and_lru() -> None:
-    cache = ListedToolsCache(ttl_s=300, max_entries=2)
-    a, b, c = (spec_for(f"http://127.0.0.1:{p}/mcp") for p in (1, 2, 3))
-    tools = [ListedTool("t")]
-    cache.put(a, tools)
-    assert cache.get(spec_for("http://127.0.0.1:1/mcp", allowed_tools=["t"])) is None  # other allowed_tools
-    assert cache.get(spec_for("http://127.0.0.1:1/mcp", headers={"Authorization": "other caller"})) is None
-    cache.put(b, tools)
-    assert cache.get(a) == tools  # a is now the most recent
-    cache.put(c, tools)
-    assert cache.get(b) is None and cache.get(a) == tools and cache.get(c) == tools
+async def test_a_server_that_refuses_to_list_is_a_tool_error_naming_it() -> None:
+    """HTTP 200 with a JSON-RPC error to tools/list: the server is up, it refused (the loop fails
+    the response with this message, never a 5xx)."""
+    with McpTestServer(refused_methods={"tools/list"}) as refusing:
+        refusing.start()
+        with pytest.raises(McpToolError, match="MCP server 'weather' refused to list tools: Method not found"):
+            await client(refusing.url).list_tools()

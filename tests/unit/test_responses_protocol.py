@@ -195,3 +195,10 @@ def test_compaction_request():
     assert (err.param, err.message) == ("model", "Missing required parameter: 'model'.")
     assert refused(parse_compact_request, {"model": "m", "input": "x", "stream": True}).param == "stream"
     assert refused(parse_compact_request, {"model": "m"}).param == "input"
+
+
+def test_tool_choice_required_counts_an_mcp_servers_tools():
+    mcp = {"type": "mcp", "server_label": "w", "server_url": "http://127.0.0.1:1/mcp"}
+    assert parse_response_request({**body(), "tools": [mcp], "tool_choice": "required"}).tool_choice == "required"
+    err = refused(parse_response_request, {**body(), "tools": [], "tool_choice": "required"})
+    assert err.param == "tool_choice" and "only allowed when 'tools'" in err.message

@@ -139,6 +139,14 @@ def test_a_start_interrupted_inside_ray_init_exits_hard(monkeypatch):
     assert deadline.exit_hard and deadline.summary() is None
 
 
+def running(pid: int) -> bool:
+    """Alive and not a zombie; a pid reaped while it is asked about is not running."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def fake_node(monkeypatch: pytest.MonkeyPatch, leader: str) -> RayNode:
     """A RayNode whose `ray start` is `leader` (with a child of its own in its process group)."""
     script = ("import subprocess, sys, signal\n" + leader + "\n"
@@ -156,8 +164,7 @@ def test_a_node_that_does_not_leave_in_its_grace_is_sigkilled_with_its_group(mon
     assert len(group) == 2 and node.proc.pid in group
     killed, took = timed(node.stop, 1.0)
     assert 0.9 < took < 3.0 and sorted(killed) == sorted(group)
-    assert node.proc.returncode == -signal.SIGKILL and not any(psutil.pid_exists(p) and
-                                                               psutil.Process(p).status() != "zombie" for p in group)
+    assert node.proc.returncode == -signal.SIGKILL and not any(running(p) for p in group)
 
 
 def test_a_second_signal_ends_a_node_grace_at_once(monkeypatch):

@@ -4,7 +4,8 @@ status, tokens, latency, request id (the answer's `x-request-id`: edge/request_i
 that joins a client's report to the record.
 
 Prompts and completions are recorded only with `MSHIP_AUDIT_CONTENT=1`: the request body, and the
-response body of a non-streamed answer (each up to CONTENT_LIMIT bytes). `MSHIP_AUDIT_LOG=-`
+response body of a non-streamed answer (each up to CONTENT_LIMIT bytes). Even then the secrets a
+request hands to a tool server (`tools[].headers` values, `tools[].authorization`) are redacted. `MSHIP_AUDIT_LOG=-`
 writes to the `mship.audit` logger; a path appends JSON lines to that file.
 """
 
@@ -37,8 +38,31 @@ class AuditSink:
             f.write(line + "\n")
 
 
+REDACTED = "[redacted]"
+
+
 def _text(chunks: list[bytes]) -> str:
     return b"".join(chunks)[:CONTENT_LIMIT].decode("utf-8", "replace")
+
+
+def request_text(chunks: list[bytes]) -> str:
+    """The request body as recorded: tool servers' credentials replaced by REDACTED."""
+    body = b"".join(chunks)
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return _text(chunks)
+    tools = parsed.get("tools") if isinstance(parsed, dict) else None
+    if not isinstance(tools, list) or not any(isinstance(t, dict) and ("headers" in t or "authorization" in t)
+                                              for t in tools):
+        return _text(chunks)
+    for tool in tools:
+        if isinstance(tool, dict):
+            if isinstance(tool.get("headers"), dict):
+                tool["headers"] = dict.fromkeys(tool["headers"], REDACTED)
+            if "authorization" in tool:
+                tool["authorization"] = REDACTED
+    return _text([json.dumps(parsed).encode()])
 
 
 class AuditMiddleware:
@@ -87,7 +111,7 @@ class AuditMiddleware:
                   "status": state["status"] or 500, "streamed": state["streamed"],
                   "tokens": caller.used_tokens if caller else None, "latency_ms": round(latency_s * 1000, 2)}
         if self.content:
-            record["request"] = _text(request_body)
+            record["request"] = request_text(request_body)
             if not state["streamed"]:
                 record["response"] = _text(response_body)
         return record

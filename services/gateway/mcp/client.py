@@ -14,13 +14,11 @@ once; the server sees its request go away."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import socket
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -38,7 +36,7 @@ from services.common.vocabulary import ENV_MCP_TIMEOUT_S
 from services.gateway.mcp.egress import EgressPolicy, EgressRefused, check_url, pinned_transport, url_host_port
 from services.gateway.mcp.tools import ListedTool, McpServerSpec
 
-__all__ = ["ListedTool", "ListedToolsCache", "McpClient", "McpToolError", "McpUnavailable", "ToolResult"]
+__all__ = ["ListedTool", "McpClient", "McpToolError", "McpUnavailable", "ToolResult"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,52 +86,12 @@ def timeout_from_env(environ: Mapping[str, str] | None = None) -> float:
     return value
 
 
-class ListedToolsCache:
-    """Listed tools per server, for `ttl_s`, least recently used dropped past `max_entries`. The
-    key holds a digest of the headers: a server may list different tools to different callers."""
-
-    def __init__(self, ttl_s: float = 300.0, max_entries: int = 256, clock: Callable[[], float] = time.monotonic):
-        self.ttl_s, self.max_entries, self._clock = ttl_s, max_entries, clock
-        self._entries: OrderedDict[tuple[Any, ...], tuple[float, tuple[ListedTool, ...]]] = OrderedDict()
-
-    @staticmethod
-    def key(spec: McpServerSpec) -> tuple[Any, ...]:
-        headers = json.dumps(sorted((k.lower(), v) for k, v in spec.headers.items()))
-        return (spec.server_label, spec.server_url, spec.allowed_tools, spec.allowed_read_only,
-                hashlib.sha256(headers.encode()).hexdigest())
-
-    def get(self, spec: McpServerSpec) -> list[ListedTool] | None:
-        key = self.key(spec)
-        found = self._entries.get(key)
-        if found is None:
-            return None
-        if self._clock() - found[0] >= self.ttl_s:
-            del self._entries[key]
-            return None
-        self._entries.move_to_end(key)
-        return list(found[1])
-
-    def put(self, spec: McpServerSpec, tools: list[ListedTool]) -> None:
-        key = self.key(spec)
-        self._entries[key] = (self._clock(), tuple(tools))
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-
-LISTED_TOOLS = ListedToolsCache()  # this replica's
-
-
 class McpClient:
-    def __init__(self, spec: McpServerSpec, *, timeout_s: float | None = None, policy: EgressPolicy | None = None,
-                 cache: ListedToolsCache | None = LISTED_TOOLS) -> None:
+    def __init__(self, spec: McpServerSpec, *, timeout_s: float | None = None,
+                 policy: EgressPolicy | None = None) -> None:
         self.spec = spec
         self.timeout_s = timeout_from_env() if timeout_s is None else timeout_s
         self.policy = policy or EgressPolicy.from_env()
-        self.cache = cache
         try:
             host, port = url_host_port(spec.server_url)
             self.where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -145,12 +103,9 @@ class McpClient:
 
     # ---- the operations -------------------------------------------------------------------------------
 
-    async def list_tools(self, refresh: bool = False) -> list[ListedTool]:
-        """The server's tools that the spec's `allowed_tools` allows (every page of them)."""
-        if self.cache is not None and not refresh:
-            cached = self.cache.get(self.spec)
-            if cached is not None:
-                return cached
+    async def list_tools(self) -> list[ListedTool]:
+        """The server's tools that the spec's `allowed_tools` allows (every page of them). Listed
+        once per response chain: a continuation reads them from its `mcp_list_tools` item."""
 
         async def page_through(client: Client) -> list[mcp_types.Tool]:
             tools: list[mcp_types.Tool] = []
@@ -168,8 +123,6 @@ class McpClient:
         tools = [t for t in listed if self.spec.allows(t.name, t.read_only_hint)]
         log.debug("MCP server %r at %s: %d tools (%d allowed) in %.2f s", self.spec.server_label, self.where,
                   len(listed), len(tools), time.monotonic() - started)
-        if self.cache is not None:
-            self.cache.put(self.spec, tools)
         return tools
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:

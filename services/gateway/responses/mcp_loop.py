@@ -85,7 +85,7 @@ async def run_mcp_turn(turn: Turn, open_generation: OpenGeneration, finish: Fini
     """Like `turns.run_turn`, for a turn whose tools include MCP servers; the last batch holds the
     terminal event and passes through `finish`. `before_call` runs before each tool call and may
     raise to stop the loop (a background run cancelled from another replica: no call after that)."""
-    from services.gateway.mcp.client import McpClient, McpUnavailable
+    from services.gateway.mcp.client import McpClient, McpToolError, McpUnavailable
 
     clients = clients or McpClient
     encoder = turn.encoder
@@ -105,7 +105,7 @@ async def run_mcp_turn(turn: Turn, open_generation: OpenGeneration, finish: Fini
                 yield started
                 try:
                     tools = [t.as_dict() for t in await clients(spec).list_tools()]
-                except (McpUnavailable, EgressRefused) as e:
+                except (McpUnavailable, McpToolError, EgressRefused) as e:  # refused `initialize` or `tools/list`
                     out = [*encoder.list_done(item, None, str(e)), *encoder.fail_dependency(
                         f"Error retrieving tool list from MCP server '{spec.server_label}': {e}")]
                     break

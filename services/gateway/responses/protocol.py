@@ -184,7 +184,7 @@ class ResponseRequest(_Inputs):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: Bool | None = None
     max_output_tokens: Int | None = Field(None, ge=16, le=INT32_MAX)
-    max_tool_calls: Int | None = Field(None, ge=1, le=INT32_MAX)  # echoed; limits built-in tools, which there are none
+    max_tool_calls: Int | None = Field(None, ge=1, le=INT32_MAX)  # bounds the MCP loop's calls
     temperature: Float | None = Field(None, ge=0, le=2)
     top_p: Float | None = Field(None, gt=0, le=1)
     presence_penalty: Float | None = Field(None, ge=-2, le=2)
@@ -257,7 +257,7 @@ class ResponseRequest(_Inputs):
 
     def _check_tool_choice(self) -> None:
         names, choice = self.tool_names, self.tool_choice
-        if choice not in (None, "none", "auto") and not names:
+        if choice not in (None, "none", "auto") and not self.tools:  # an MCP server's tools count
             raise invalid("tool_choice", "Invalid 'tool_choice': 'tool_choice' is only allowed when 'tools' are "
                           "specified.", choice if isinstance(choice, str) else None)
         wanted = [choice.name] if isinstance(choice, FunctionChoice) else [t.name for t in getattr(choice, "tools", [])]
