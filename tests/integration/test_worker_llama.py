@@ -22,6 +22,7 @@ from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 from services.worker.engine import RenderRequest
 from services.worker.llama_inprocess import InProcessServer
+from services.worker.llama_server import packaged_fits_cpu
 from services.worker.server import WorkerServer
 from tests.llama_worker import engine, processing_slots, running_worker, stub_of
 from tests.worker_calls import chat, collect, greedy, read_rest
@@ -47,12 +48,20 @@ async def worker(request: pytest.FixtureRequest) -> AsyncIterator[WorkerServer]:
         yield server
 
 
+def llama_server_processes() -> list[psutil.Process]:
+    """This process's children that are llama.cpp servers: the packaged binary or the portable one."""
+    return [p for p in psutil.Process().children(recursive=True)
+            if "llama-server" in p.name() or "services.worker.llama_portable" in p.cmdline()]
+
+
 async def test_the_runtime_is_the_one_asked_for(worker):
-    children = [p for p in psutil.Process().children(recursive=True) if "llama-server" in p.name()]
+    children = llama_server_processes()
     if worker.host.spec.llama_cpp.runtime == "in_process":
         assert isinstance(engine(worker)._server, InProcessServer) and not children
     else:
         assert [p.pid for p in children] == [engine(worker)._server.proc.pid]
+        # the packaged binary where this CPU has what it was built for, else the portable build
+        assert ("llama-server" in children[0].name()) == packaged_fits_cpu()
     assert engine(worker).server_url.startswith("http://127.0.0.1:")
 
 

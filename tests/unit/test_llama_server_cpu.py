@@ -1,0 +1,92 @@
+"""Which llama.cpp server the `server` runtime starts: the packaged llama-server only on a CPU with
+every instruction set its build was compiled for (else its first quantized matmul is SIGILL), the
+portable xllamacpp build in a child process otherwise (no model loaded here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from services.worker import llama_server
+from services.worker.llama_server import (
+    GGML_CPU_FLAGS,
+    LlamaServer,
+    ServerConfig,
+    cpu_flags,
+    missing_cpu_features,
+    packaged_missing_features,
+)
+
+ZEN4 = {"pni", "ssse3", "avx", "avx2", "f16c", "fma", "bmi2", "avx512f", "avx512vbmi", "avx512_vnni", "avx512_bf16"}
+SAPPHIRE_RAPIDS = ZEN4 | {"avx_vnni", "amx_int8", "amx_tile", "amx_bf16"}
+NATIVE_SPR_BUILD = list(GGML_CPU_FLAGS)  # what the packaged wheel reports: everything up to AMX
+
+
+def test_a_build_fits_only_a_cpu_with_all_it_was_compiled_for():
+    assert missing_cpu_features(NATIVE_SPR_BUILD, SAPPHIRE_RAPIDS) == []
+    assert missing_cpu_features(NATIVE_SPR_BUILD, ZEN4) == ["avx_vnni", "amx_int8"]
+    assert missing_cpu_features(["avx", "avx2"], ZEN4) == []  # a portable build fits both
+    assert missing_cpu_features(NATIVE_SPR_BUILD, None) == []  # flags unknown: nothing held against it
+
+
+def test_the_packaged_build_reports_what_it_was_compiled_for():
+    """Read from the wheel's own libggml-cpu: what it lacks here is exactly what this CPU's flags lack."""
+    missing = packaged_missing_features()
+    flags = cpu_flags()
+    assert flags, "this test runs on Linux x86_64, where /proc/cpuinfo has flags"
+    assert "avx2" in flags and "avx2" not in missing
+    assert all(GGML_CPU_FLAGS[name] not in flags for name in missing)
+
+
+class Started(Exception):
+    pass
+
+
+@pytest.fixture
+def popen(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    started: list[list[str]] = []
+
+    def record(argv, **_):
+        started.append(argv)
+        raise Started
+
+    monkeypatch.setattr(subprocess, "Popen", record)
+    return started
+
+
+CFG = ServerConfig(model_path="/models/m.gguf", n_ctx=512, n_parallel=2, chat_template="{{ messages }}")
+
+
+def test_a_cpu_the_packaged_build_does_not_fit_gets_the_portable_server(monkeypatch, popen):
+    monkeypatch.setattr(llama_server, "packaged_missing_features", lambda: ("avx_vnni", "amx_int8"))
+    with pytest.raises(Started):
+        LlamaServer.spawn(CFG)
+    argv = popen[0]
+    assert argv[:3] == [sys.executable, "-m", "services.worker.llama_portable"]
+    assert int(argv[4]) > 0  # the port the worker chose
+    with open(argv[3]) as f:
+        assert ServerConfig(**json.load(f)) == CFG  # the whole config, template included
+
+
+def test_a_cpu_it_fits_gets_the_packaged_binary(monkeypatch, popen):
+    monkeypatch.setattr(llama_server, "packaged_missing_features", lambda: ())
+    with pytest.raises(Started):
+        LlamaServer.spawn(CFG)
+    assert popen[0][0] == llama_server.packaged_binary()[0] and "--chat-template-file" in popen[0]
+
+
+def test_an_operators_binary_is_used_as_given(monkeypatch, popen):
+    monkeypatch.setattr(llama_server, "packaged_missing_features", lambda: ("amx_int8",))
+    with pytest.raises(Started):
+        LlamaServer.spawn(ServerConfig(model_path="m.gguf", n_ctx=512, n_parallel=1, binary=sys.executable))
+    assert popen[0][0] == sys.executable and "-m" in popen[0] and popen[0][popen[0].index("-m") + 1] == "m.gguf"
+
+
+def test_server_args_without_a_binary_that_runs_here_are_refused(monkeypatch, popen):
+    monkeypatch.setattr(llama_server, "packaged_missing_features", lambda: ("avx_vnni",))
+    with pytest.raises(ValueError, match=r"llama_server_args need the packaged llama-server.*lacks avx_vnni"):
+        LlamaServer.spawn(ServerConfig(model_path="m.gguf", n_ctx=512, n_parallel=1, extra_args=["--flash-attn", "on"]))
+    assert popen == []
