@@ -258,6 +258,17 @@ def test_bad_mcp_tools_are_400s_naming_the_field(platform, mcp):
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
+def test_a_generation_the_model_refuses_is_its_own_error_not_a_500(platform, mcp):
+    """The loop opens its generations itself (after listing): a prompt over the model's context is
+    the same 400 as without MCP tools (it was a 500)."""
+    long_input = "weather " * 3000  # well past tiny's max_model_len of 1024
+    with http(platform) as c:
+        for tools in ([mcp_tool(mcp.url)], []):
+            r = c.post("/responses", json={"model": "tiny", "input": long_input, "tools": tools})
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
 def test_a_failing_tool_is_an_mcp_call_with_its_error_and_the_model_is_told(platform, models):
     def get_weather_broken(city: str) -> str:
         """Get the current weather for a city."""

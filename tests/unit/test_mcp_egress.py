@@ -128,6 +128,16 @@ async def test_wildcards() -> None:
     assert not await allowed(policy("*.example.com:8443", dns), "https://mcp.example.com/")
 
 
+async def test_a_star_allows_every_host_but_never_the_refused_ones() -> None:
+    dns = FakeDns({"mcp.example.com": ["192.0.2.1"], "evil.test": ["169.254.169.254"]})
+    p = policy("*", dns)
+    assert await allowed(p, "https://mcp.example.com:8443/mcp")
+    assert await allowed(p, "http://10.1.2.3/") and await allowed(p, "http://[::1]:8080/")
+    for url in ("http://169.254.169.254/", "http://evil.test/", "http://metadata.google.internal/"):
+        with pytest.raises(EgressRefused):
+            await check_url(url, p)
+
+
 async def test_unlisted_name_is_refused_without_a_dns_query() -> None:
     dns = FakeDns({"other.test": ["127.0.0.1"]})
     with pytest.raises(EgressRefused, match="not in this gateway's MSHIP_MCP_ALLOWED_HOSTS"):

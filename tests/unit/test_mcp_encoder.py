@@ -77,6 +77,26 @@ def test_list_call_answer_in_order_and_usage_summed():
     assert response["usage"]["output_tokens"] == 12 and response["usage"]["input_tokens"] == 20  # both generations
 
 
+def test_every_generation_numbers_its_calls_from_zero():
+    """The worker numbers a generation's calls from 0: a call in the next generation is a new item,
+    never more arguments for the last generation's call."""
+    enc = encoder()
+    enc.start()
+    events = []
+    for city, output in (("Oslo", "Sunny"), ("Bergen", "Rain")):
+        events += enc.encode(call("lookup_weather", f'{{"city": "{city}"}}')) + enc.encode(final())
+        (pending,) = enc.take_pending()
+        events += enc.call_done(pending, output)
+    events += enc.encode(pb.InferEvent(delta=pb.Delta(text="Sunny, then rain."))) + enc.encode(
+        final(pb.FINISH_REASON_STOP))
+    assert enc.done and enc.status == "completed"
+    calls = [i for i in events[-1]["response"]["output"] if i["type"] == "mcp_call"]
+    assert [(c["arguments"], c["output"]) for c in calls] == [('{"city": "Oslo"}', "Sunny"),
+                                                              ('{"city": "Bergen"}', "Rain")]
+    assert kinds(events).count("response.mcp_call.completed") == 2
+    assert events[-1]["response"]["output"][-1]["content"][0]["text"] == "Sunny, then rain."
+
+
 def test_an_approval_request_ends_the_response_and_nothing_is_pending():
     enc = encoder(approval=True)
     enc.start()

@@ -9,6 +9,7 @@ inside its network. The variable is a comma-separated list of entries:
     *.example.com:443       ... that port only
     10.1.2.3, [fd00::1]:80  an address (a URL naming it, or a name resolving to it), optionally a port
     10.0.0.0/8, fd00::/8    any address in the network, any port
+    *                       any host (a gateway whose network is walled off by other means)
 
 Unset or empty: no MCP server is allowed. A URL's host is allowed when a name entry matches it
 (whatever it resolves to, except below); else the addresses it resolves to that lie in an address
@@ -90,6 +91,11 @@ class Rule:
 
     def contains(self, address: IPAddress, port: int) -> bool:
         return self.network is not None and self.port in (None, port) and _unscoped(address) in self.network
+
+
+# `*`: every name (each ends with ""), every address
+ANY_HOST = (Rule(suffix=""), Rule(network=ipaddress.ip_network("0.0.0.0/0")),
+            Rule(network=ipaddress.ip_network("::/0")))
 
 
 def parse_rule(entry: str) -> Rule:
@@ -181,6 +187,9 @@ class EgressPolicy:
         rules, bad = [], []
         for entry in (text or "").split(","):
             if not entry.strip():
+                continue
+            if entry.strip() == "*":
+                rules += ANY_HOST
                 continue
             try:
                 rules.append(parse_rule(entry))

@@ -145,6 +145,7 @@ class ResponseStreamEncoder:
         self.open: _Item | None = None
         self.calls: dict[int, _Item | None] = {}  # worker call index -> its item (None: dropped)
         self.error: dict[str, Any] | None = None
+        self.failure: OpenAIError | None = None  # what a failed response failed of, as the edge maps it
         self.incomplete_details: dict[str, Any] | None = None
         self.usage: dict[str, Any] | None = None
         self.completed_at: int | None = None
@@ -206,6 +207,7 @@ class ResponseStreamEncoder:
         """End as `failed` (no-op once done): `err`'s message for client errors, a generic one else."""
         if self.done:
             return []
+        self.failure = err
         if err is not None and err.status < 500:
             error = {"code": _ERROR_CODES.get(err.status, "invalid_prompt"), "message": err.message}
         else:

@@ -75,7 +75,9 @@ class McpStreamEncoder(ResponseStreamEncoder):
         return [self._on(item, f"response.mcp_call.{item.status}"), self._done(item)]
 
     def take_pending(self) -> list[McpItem]:
+        """The calls to run before the next generation, whose call indices start again at 0."""
         pending, self.pending = self.pending, []
+        self.calls = {}
         return pending
 
     def complete(self) -> Events:

@@ -94,11 +94,14 @@ class ResponsesServing:
                             generation)
 
     async def _whole(self, turn: Turn, generation: Generation | None) -> dict[str, Any]:
-        """Run the turn to its end: the response object (failed by the engine: a 500; failed by an
+        """Run the turn to its end: the response object (failed by the engine: its HTTP error, as a
+        request that could not start gets it (a 400, a 503 with Retry-After), else a 500; failed by an
         MCP server: the failed response, its error saying which and why)."""
         async def end(out: Events) -> Events:
             if turn.encoder.status == "failed" and not turn.encoder.failed_dependency:
-                raise internal_error()
+                cause = turn.encoder.failure
+                # a generation of an MCP loop opens inside the turn: its refusal is the request's
+                raise cause if cause is not None and (cause.status < 500 or cause.status == 503) else internal_error()
             return out
         async for _ in self.events(turn, generation, end):
             pass
