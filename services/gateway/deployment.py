@@ -9,6 +9,7 @@ import os
 
 from ray import serve
 
+from services.common.gc_heap import freeze_startup_heap
 from services.common.logs import configure_logging
 from services.common.picker import PREFIX_AFFINITY, make_picker
 from services.common.routes import RouteTable, RoutingWatcher
@@ -67,6 +68,7 @@ class GatewayDeployment:
                 self.responses = ResponsesServing(self.table, self.state, replica_id, CompactionCodec(),
                                                   app.state.admission)
                 enable_responses(app, self.responses)
+            freeze_startup_heap("gateway")  # before it serves: no long GC pause mid-stream
 
         async def on_stop() -> None:
             if self.responses is not None:

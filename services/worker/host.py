@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2
 from services.common.event_log import EventLog
+from services.common.gc_heap import freeze_startup_heap
 from services.worker.engine import Engine, RenderRequest, TranscribeOptions
 from services.worker.metrics import ENGINE_DEATHS
 from services.worker.sampling import Sampling
@@ -136,6 +137,7 @@ class ModelHost:
                 self._set(Phase.LOAD_PHASE_WARMING)
                 await self._warm(self.engine)
                 self._set(Phase.LOAD_PHASE_READY)
+            freeze_startup_heap(f"worker {self.model_name}")  # before it serves: no long GC pause mid-stream
             await self._set_health(True)
         except Exception as e:  # reported through Load and health, never raised into the loop
             log.exception("loading %s failed", spec.model)

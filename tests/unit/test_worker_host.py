@@ -4,6 +4,7 @@ for vLLM: every caller sees the whole history, from the start, through READY or 
 from __future__ import annotations
 
 import pytest
+from grpc_health.v1 import health_pb2
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
@@ -13,6 +14,17 @@ from tests.engine_double import ScriptedEngine
 
 SPEC = common_pb2.ModelSpec(name="m", model="scripted")
 PHASES = ["LOAD_PHASE_RESOLVING", "LOAD_PHASE_LOADING", "LOAD_PHASE_WARMING"]
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+class RecordedHealth:
+    def __init__(self) -> None:
+        self.statuses: list[int] = []
+
+    async def set(self, service: str, status: int) -> None:
+        self.statuses.append(status)
 
 
 async def phases(host: ModelHost) -> list[str]:
@@ -26,11 +38,16 @@ async def test_a_load_reports_every_phase_to_early_and_late_callers(monkeypatch:
     async def start(spec, path):
         return engine
     monkeypatch.setattr(host_module, "start_engine", start)
-    host = ModelHost()
+    health = RecordedHealth()
+    host = ModelHost(health)  # type: ignore[arg-type]
+    frozen: list[tuple[str, int]] = []  # the start-up heap is frozen once warm, before health says SERVING
+    monkeypatch.setattr(host_module, "freeze_startup_heap",
+                        lambda what: frozen.append((what, len(health.statuses))) or 0)
     host.begin_load(SPEC)
     assert await phases(host) == [*PHASES, "LOAD_PHASE_READY"]  # followed while it loads
     await host.wait_ready()
     assert host.ready and engine.started == ["warmup", "warmup-a", "warmup-b"] and host.load_seconds() >= 0
+    assert frozen == [("worker m", 0)] and health.statuses == [SERVING, SERVING]
     assert await phases(host) == [*PHASES, "LOAD_PHASE_READY"]  # a late caller: the whole history
     await host.shutdown()
 
