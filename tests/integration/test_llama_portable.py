@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def portable(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[LlamaServer, httpx.AsyncClient]]:
-    monkeypatch.setattr(llama_server, "packaged_missing_features", lambda: ("amx_int8",))
+    monkeypatch.setattr(llama_server, "packaged_unfit_reason", lambda: "forced by the test")
     path, _ = resolve_gguf("builtin:smollm2-135m-instruct")
     server = LlamaServer.spawn(ServerConfig(model_path=str(path), n_ctx=512, n_parallel=2, n_threads=1))
     try:
@@ -58,7 +58,7 @@ async def test_stop_ends_it_cleanly(portable):
 
 
 def test_it_ends_with_its_parent(tmp_path):
-    """A worker that dies (SIGKILL, no cleanup) takes its portable server with it (PR_SET_PDEATHSIG)."""
+    """A worker that dies (SIGKILL, no cleanup) takes its portable server with it."""
     path, _ = resolve_gguf("builtin:smollm2-135m-instruct")
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model_path": str(path), "n_ctx": 256, "n_parallel": 1, "n_threads": 1}))

