@@ -65,6 +65,7 @@ bench: install models
 	$(PY) bench/shared_node.py --json bench/results/shared_node.json
 	$(PY) bench/llama_runtimes.py --json bench/results/llama_runtimes.json
 	$(PY) bench/prefix_affinity.py --json bench/results/prefix_affinity.json
+	$(PY) bench/engine_spin.py --json bench/results/engine_spin.json
 
 # The platform on this machine with one model: OpenAI API on http://127.0.0.1:$(HTTP_PORT)/v1
 serve: install

@@ -6,8 +6,11 @@
 
 Prints TTFT p50/p99, inter-token latency p50, throughput, and the server-side CPU each path spends
 per generated token (its own processes, engine included; the gateway's replica also on its own) at
-1, 8 and 32 concurrent streams; --json PATH writes them. On a small box the client, the servers and
-the engine share the cores, so throughput there is CPU per token: the CPU columns say where it goes.
+1, 8 and 32 concurrent streams; --json PATH writes them. Both stacks' engines run with the
+platform's engine settings (`set_engine_env`: threads, KV cache, the busy-wait bound of
+bench/engine_spin.py), so what differs is the edge; each path starts once the box is back to idle.
+On a small box the client, the servers and the engine share the cores, so throughput there is CPU
+per token: the CPU columns say where it goes.
 Targets (issue 3): the gateway adds <= 1 ms p50 / <= 3 ms p99 TTFT over
 vLLM's server and keeps >= 99% of its throughput; the gRPC client adds <= 0.3 ms p50.
 First it prints what API keys and rate limits add at the edge (bench/admission_overhead.py;
@@ -84,7 +87,8 @@ class CpuMeter:
     """CPU seconds (user + system) spent by a set of processes and their children."""
 
     def __init__(self, roots: list[psutil.Process]) -> None:
-        self.procs = [q for p in roots for q in (p, *p.children(recursive=True))]
+        # by pid: a root may be another's descendant (vLLM's model worker is EngineCore's child)
+        self.procs = list({q.pid: q for p in roots for q in (p, *p.children(recursive=True))}.values())
 
     def seconds(self) -> float:
         total = 0.0
@@ -97,12 +101,29 @@ class CpuMeter:
         return total
 
 
+class Quiet:
+    """Waits until the box is back to its idle CPU use: an engine that served the path before spins
+    for up to its MSHIP_ENGINE_SPIN_S after its last step (vLLM's own: 1 s), and the next path
+    would pay for that, not for its own work. The idle level is measured once, with everything up."""
+
+    WINDOW_S = 0.2
+
+    def __init__(self, samples: int = 10) -> None:
+        self.idle = statistics.median(psutil.cpu_percent(interval=self.WINDOW_S) for _ in range(samples))
+
+    def wait(self, margin: float = 10.0, timeout_s: float = 3.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and psutil.cpu_percent(interval=self.WINDOW_S) > self.idle + margin:
+            pass
+
+
 async def measure(paths: dict, meters: dict[str, CpuMeter], concurrency: int, rounds: int,
-                  tokens: int) -> dict[str, dict[str, float]]:
+                  tokens: int, quiet: Quiet) -> dict[str, dict[str, float]]:
     samples = {name: {"ttft": [], "itl": [], "rate": [], "tokens": 0, "cpu": {k: 0.0 for k in meters}}
                for name in paths}
     for _ in range(rounds):
         for name, one in paths.items():  # interleaved: drift on the box hits every path alike
+            quiet.wait()
             # An unmeasured batch first: a path that sat idle while the others ran pays for waking
             # its processes (engine busy-loop back-off, scheduler), which is not what the edge costs.
             await asyncio.gather(*[one(8) for _ in range(concurrency)])
@@ -171,9 +192,11 @@ async def run(args: argparse.Namespace, platform: PlatformProcess, vllm_port: in
             MshipClient(platform.coordinator) as client:
         paths = {"vllm-http": lambda n: sse_stream(vl, n), "gateway": lambda n: sse_stream(gw, n),
                  "grpc": lambda n: grpc_stream(client, n)}
-        await measure(paths, meters, 4, 5, 16)  # warm up connections and the engines
+        quiet = Quiet()  # before any traffic: every engine has been idle since it started
+        await measure(paths, meters, 4, 5, 16, quiet)  # warm up connections and the engines
         # At least ~30 TTFT samples per path at every concurrency: a p50 of 3 says nothing.
-        return {str(c): await measure(paths, meters, c, max(args.rounds, -(-30 // c)), args.tokens) for c in (1, 8, 32)}
+        return {str(c): await measure(paths, meters, c, max(args.rounds, -(-30 // c)), args.tokens, quiet)
+                for c in (1, 8, 32)}
 
 
 def main() -> None:

@@ -74,6 +74,7 @@ ENV_MCP_TIMEOUT_S = "MSHIP_MCP_TIMEOUT_S"          # per MCP list or call, conne
 ENV_MAX_AUDIO_BYTES = "MSHIP_MAX_AUDIO_BYTES"      # /v1/audio/transcriptions: the largest file (25 MB)
 ENV_MAX_AUDIO_SECONDS = "MSHIP_MAX_AUDIO_SECONDS"  # a transcription worker: the longest audio (1500 s)
 ENV_REPLICA_PICKER = "MSHIP_REPLICA_PICKER"        # prefix_affinity (default) | least_outstanding
+ENV_ENGINE_SPIN_S = "MSHIP_ENGINE_SPIN_S"          # vLLM's busy-wait between steps (CPU engines: 0.003 s)
 # Telemetry: set per node (the Ray node's environment, which its replicas inherit), not per job.
 ENV_LOG_FORMAT = "MSHIP_LOG_FORMAT"      # text (default) | json
 ENV_LOG_LEVEL = "MSHIP_LOG_LEVEL"        # DEBUG | INFO (default) | WARNING | ERROR
@@ -93,4 +94,4 @@ PLATFORM_ENV = (ENV_CACHE_DIR, ENV_REDIS_PASSWORD, ENV_TRUST_IDENTITY_HEADER, EN
                 ENV_TRUSTED_IDENTITY_HEADER, ENV_API_KEYS, ENV_API_KEYS_FILE, ENV_RATE_LIMITS_FILE,
                 ENV_MAX_REQUEST_BODY_BYTES, ENV_CORS_ORIGINS, ENV_AUDIT_LOG, ENV_AUDIT_CONTENT,
                 ENV_BREAKER_FAILURES, ENV_BREAKER_COOLDOWN_S, ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S,
-                ENV_MAX_AUDIO_BYTES, ENV_MAX_AUDIO_SECONDS, ENV_REPLICA_PICKER)
+                ENV_MAX_AUDIO_BYTES, ENV_MAX_AUDIO_SECONDS, ENV_REPLICA_PICKER, ENV_ENGINE_SPIN_S)

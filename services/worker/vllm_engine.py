@@ -14,6 +14,7 @@ import grpc
 
 from services.common.errors import Reason, ServiceError, invalid_parameter
 from services.common.images import image_problem
+from services.common.vocabulary import ENV_ENGINE_SPIN_S
 from services.worker.amx import request_amx
 from services.worker.engine import (
     ChoiceDelta,
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 # KV cache on CPU: vLLM's default takes ~90% of RAM, so two engines could never share a node.
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
+# How long vLLM's engine processes busy-wait between steps on a CPU node (vLLM's own: 1 s, during
+# which the spin takes the cores the model and the token path need; bench/engine_spin.py).
+CPU_ENGINE_SPIN_S = 0.003
 
 
 def set_engine_env() -> None:
@@ -47,6 +51,10 @@ def set_engine_env() -> None:
         # measured on 2-core nodes: one unpinned OpenMP thread beats vLLM's `auto` pinning by ~30%
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from vllm.platforms import current_platform  # only now: it imports torch, which reads OMP_NUM_THREADS
+
+    if current_platform.is_cpu():  # read by engine_site/sitecustomize.py in the processes vLLM starts
+        os.environ.setdefault(ENV_ENGINE_SPIN_S, str(CPU_ENGINE_SPIN_S))
 
 
 def gpu_memory_share(num_gpus: float) -> float | None:
