@@ -8,13 +8,14 @@ the same cores as the gateway and worker replicas, so every spinning millisecond
 for. Prints throughput, TTFT and inter-token p50 per setting, and the CPU per generated token of the
 engine processes and of the whole platform. 1 is vLLM's own setting.
 
-  .venv/bin/python bench/engine_spin.py [--spin-s 1 0.003] [--rounds 3] [--tokens 64] [--json out.json]
+  .venv/bin/python bench/engine_spin.py [--spin-s 1 0.003 0] [--rounds 3] [--tokens 64] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import statistics
 import sys
 import tempfile
@@ -78,6 +79,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `timeout` still stops the platforms it started
     tmp = Path(tempfile.mkdtemp(prefix="mship-spin-bench-"))
     (tmp / "models.yaml").write_text(f"models:\n  - name: {MODEL}\n    model: builtin:tiny-qwen2\n"
                                      f"    max_model_len: {MAX_MODEL_LEN}\n    max_num_seqs: {MAX_NUM_SEQS}\n")
