@@ -29,7 +29,6 @@ class _SpinLimit:
     vLLM does. Processes that never import vLLM pay nothing."""
 
     NAP_MS = 1  # the socket's shortest timeout
-    ACTIVE_S = 1.0  # vLLM's own spin: the time after a read in which another one is expected
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -57,9 +56,10 @@ class _SpinLimit:
         defaults = list(init.__defaults__ or ())
         if names[-1] != "busy_loop_s" or not defaults or not hasattr(spin_condition, "record_read"):
             return  # a vLLM that changed: leave it alone
+        # vLLM's own spin is the time after a read in which it expects another: nap within it
+        nap_ms, active_s = self.NAP_MS, defaults[-1]
         defaults[-1] = self.seconds
         init.__defaults__ = tuple(defaults)
-        nap_ms, active_s = self.NAP_MS, self.ACTIVE_S
         import time
 
         def bounded_wait(condition, timeout_ms=None):
