@@ -16,7 +16,11 @@ vLLM's server and keeps >= 99% of its throughput; the gRPC client adds <= 0.3 ms
 First it prints what API keys and rate limits add at the edge (bench/admission_overhead.py;
 issue 19: <= 0.2 ms p50 in memory, <= 1 ms with Redis); `--admission-only` stops there.
 
-  .venv/bin/python bench/edge_overhead.py [--rounds 3] [--tokens 64] [--json out.json] [--admission-only]
+`--model` picks the builtin both stacks serve (default tiny-qwen2, whose tiny steps make the edge's
+share of the CPU per token the largest it can be; smollm2-135m-instruct is a real model).
+
+  .venv/bin/python bench/edge_overhead.py [--model builtin:tiny-qwen2] [--rounds 3] [--tokens 64]
+                                          [--json out.json] [--admission-only]
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from services.worker.builtin import resolve_model_ref  # noqa: E402
 from services.worker.vllm_engine import DEFAULT_CPU_KV_CACHE_BYTES, set_engine_env  # noqa: E402
 from tests.platform_process import PlatformProcess, free_port  # noqa: E402
 
-MODEL, MAX_NUM_SEQS, MAX_MODEL_LEN = "tiny", 32, 1024
+MODEL, MAX_NUM_SEQS, MAX_MODEL_LEN = "tiny", 32, 1024  # MODEL: the name both stacks serve it under
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
 # which CPU meter holds each path's server stack
 STACK = {"vllm-http": "vllm-server", "gateway": "platform-path", "grpc": "worker-replica"}
@@ -201,6 +205,7 @@ async def run(args: argparse.Namespace, platform: PlatformProcess, vllm_port: in
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="builtin:tiny-qwen2", help="the builtin both stacks serve")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--json", type=Path)
@@ -214,9 +219,9 @@ def main() -> None:
         if args.json:
             write_json(args.json, args, admission=admission)
         return
-    model_dir = resolve_model_ref("builtin:tiny-qwen2")
+    model_dir = resolve_model_ref(args.model)
     tmp = Path(tempfile.mkdtemp(prefix="mship-edge-bench-"))
-    (tmp / "models.yaml").write_text(f"models:\n  - name: {MODEL}\n    model: builtin:tiny-qwen2\n"
+    (tmp / "models.yaml").write_text(f"models:\n  - name: {MODEL}\n    model: {args.model}\n"
                                      f"    max_model_len: {MAX_MODEL_LEN}\n    max_num_seqs: {MAX_NUM_SEQS}\n")
     platform = PlatformProcess.start(tmp / "models.yaml", tmp / "mship.log", gateway_replicas=1)
     vllm_port = free_port()

@@ -1,0 +1,176 @@
+"""What the gateway alone spends per streamed token: the real edge (`create_app` on the
+`ReusePortServer`, as in the unit tier's harness) in its own process, in front of a real worker
+gRPC server in another, whose engine double steps every stream on one clock like a batched engine.
+No model and no Ray: the CPU columns are the gateway's and the worker servicer's own, so a change
+on the token path shows in one run, not in the noise of an engine sharing the cores.
+
+`--tree` runs one gateway per source tree (e.g. a `git worktree` of the previous commit and this
+one), all in front of the same worker, interleaved round by round: a before/after side by side.
+
+  .venv/bin/python bench/gateway_cpu.py [--tree . --tree /tmp/base] [--step-ms 4] [--tokens 256]
+                                        [--rounds 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TREE_ENV = "MSHIP_BENCH_TREE"  # the source tree a spawned gateway runs from (an older one need not have this file)
+sys.path.insert(0, os.environ.get(TREE_ENV, str(ROOT)))
+
+import httpx  # noqa: E402
+import psutil  # noqa: E402
+
+from bench.report import write_json  # noqa: E402
+
+MODEL = "m"  # what tests/unit/gateway_harness.py routes
+
+
+def stepped_engine(tokens: int, step_s: float) -> Any:  # the double's classes import in the worker process only
+    """The unit tier's engine double, answering `tokens` tokens, one per step of a clock shared by
+    all streams (the tokens of one step leave together, as from a batched engine)."""
+    from services.worker.engine import ChoiceDelta, StepOutput
+    from tests.engine_double import ScriptedEngine
+
+    class SteppedEngine(ScriptedEngine):
+        def __init__(self) -> None:
+            super().__init__([" tok"] * tokens, max_model_len=4096)
+            self._next: asyncio.Future[None] | None = None
+
+        async def _step(self) -> None:
+            if self._next is None or self._next.done():
+                loop = asyncio.get_running_loop()
+                self._next = loop.create_future()
+                loop.call_later(step_s, self._next.set_result, None)
+            await asyncio.shield(self._next)  # a cancelled stream must not cancel everyone's step
+
+        async def generate(self, prompt, sampling, request_id, priority=0) -> AsyncIterator[StepOutput]:
+            for i, chunk in enumerate(self.script):
+                await self._step()
+                last = i == len(self.script) - 1
+                yield StepOutput([ChoiceDelta(0, chunk, 1, finish_reason="stop" if last else None)], last,
+                                 len(prompt.token_ids), 0)
+
+    return SteppedEngine()
+
+
+async def run_worker(port: int, tokens: int, step_s: float) -> None:
+    from tests.engine_double import serve_worker
+
+    worker = await serve_worker(stepped_engine(tokens, step_s), name=MODEL, max_ongoing=64, port=port)
+    print("ready", flush=True)
+    await worker.server.wait_for_termination()  # (held: a collected grpc.aio server stops listening)
+
+
+async def run_gateway(worker: str) -> None:
+    from tests.unit.gateway_harness import Gateway
+
+    gateway = Gateway(max_body_bytes=1 << 20)
+    await gateway.route(worker)
+    print(gateway.url, flush=True)
+    await asyncio.Event().wait()  # `gateway` serves from its own thread meanwhile
+
+
+def spawn(*args: str, tree: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """This file's `args` role, importing from source `tree`; returns it and the first line it prints."""
+    proc = subprocess.Popen([sys.executable, __file__, *args], cwd=tree, env={**os.environ, TREE_ENV: str(tree)},
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+async def stream(http: httpx.AsyncClient, tokens: int) -> int:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens, "stream": True}
+    n = 0
+    async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            n += line.startswith('data: {"id"') and '"content":" tok"' in line
+    return n
+
+
+async def measure(gateways: dict[str, tuple[psutil.Process, str]], worker: psutil.Process, concurrency: int,
+                  rounds: int, tokens: int) -> dict[str, dict[str, float]]:
+    cpu = {name: {"gateway": 0.0, "worker": 0.0, "tokens": 0, "rate": []} for name in gateways}
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    clients = {name: httpx.AsyncClient(base_url=url, timeout=60, limits=limits) for name, (_, url) in gateways.items()}
+    try:
+        for http in clients.values():  # connections open, code paths warm
+            await asyncio.gather(*[stream(http, 4) for _ in range(concurrency)])
+        for _ in range(rounds):
+            for name, http in clients.items():  # interleaved: drift on the box hits every tree alike
+                proc = gateways[name][0]
+                g0, w0, t0 = sum(proc.cpu_times()[:2]), sum(worker.cpu_times()[:2]), time.perf_counter()
+                n = sum(await asyncio.gather(*[stream(http, tokens) for _ in range(concurrency)]))
+                wall = time.perf_counter() - t0
+                c = cpu[name]
+                c["gateway"] += sum(proc.cpu_times()[:2]) - g0
+                c["worker"] += sum(worker.cpu_times()[:2]) - w0
+                c["tokens"] += n
+                c["rate"].append(n / wall)
+    finally:
+        for http in clients.values():
+            await http.aclose()
+    return {name: {"gateway_cpu_us_per_token": 1e6 * c["gateway"] / c["tokens"],
+                   "worker_cpu_us_per_token": 1e6 * c["worker"] / c["tokens"],
+                   "tok_s": statistics.median(c["rate"])} for name, c in cpu.items()}
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["worker"]:
+        import uvloop
+
+        return uvloop.run(run_worker(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))
+    if sys.argv[1:2] == ["gateway"]:
+        return asyncio.run(run_gateway(sys.argv[2]))
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tree", type=Path, action="append", help="a source tree to run a gateway from (default: this one)")
+    p.add_argument("--step-ms", type=float, default=4.0, help="the double's engine step")
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    from tests.platform_process import free_port
+
+    trees = [t.resolve() for t in args.tree or [ROOT]]
+    port = free_port()
+    procs = []
+    try:
+        worker, ready = spawn("worker", str(port), str(args.tokens), str(args.step_ms / 1000))
+        procs.append(worker)
+        if ready != "ready":
+            raise RuntimeError("the worker did not start")
+        gateways = {}
+        for i, tree in enumerate(trees):
+            gateway, url = spawn("gateway", f"127.0.0.1:{port}", tree=tree)
+            procs.append(gateway)
+            if not url.startswith("http"):
+                raise RuntimeError(f"the gateway from {tree} did not start")
+            gateways[f"{i}:{tree}"] = (psutil.Process(gateway.pid), url)
+        table = {str(c): asyncio.run(measure(gateways, psutil.Process(worker.pid), c,
+                                             max(args.rounds, -(-30 // c)), args.tokens)) for c in (1, 8, 32)}
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+    print(f"{'streams':>7} {'tree':<40} {'tok/s':>7} {'gateway us/tok':>15} {'worker us/tok':>14}")
+    for c, rows in table.items():
+        for name, r in rows.items():
+            print(f"{c:>7} {name[-40:]:<40} {r['tok_s']:>7.0f} {r['gateway_cpu_us_per_token']:>15.1f} "
+                  f"{r['worker_cpu_us_per_token']:>14.1f}")
+    if args.json:
+        write_json(args.json, args, table=table)
+
+
+if __name__ == "__main__":
+    main()
