@@ -1,8 +1,9 @@
 """What the gateway alone spends per streamed token: the real edge (`create_app` on the
-`ReusePortServer`, as in the unit tier's harness) in its own process, in front of a real worker
-gRPC server in another, whose engine double steps every stream on one clock like a batched engine.
-No model and no Ray: the CPU columns are the gateway's and the worker servicer's own, so a change
-on the token path shows in one run, not in the noise of an engine sharing the cores.
+`ReusePortServer`, as in the unit tier's harness, with the environment a gateway replica gets) in
+its own process, in front of a real worker gRPC server in another, whose engine double steps every
+stream on one clock like a batched engine. No model and no Ray: the CPU columns are the gateway's
+and the worker servicer's own, so a change on the token path shows in one run, not in the noise of
+an engine sharing the cores.
 
 `--tree` runs one gateway per source tree (e.g. a `git worktree` of the previous commit and this
 one), all in front of the same worker, interleaved round by round: a before/after side by side.
@@ -81,9 +82,11 @@ async def run_gateway(worker: str) -> None:
     await asyncio.Event().wait()  # `gateway` serves from its own thread meanwhile
 
 
-def spawn(*args: str, tree: Path = ROOT) -> tuple[subprocess.Popen, str]:
-    """This file's `args` role, importing from source `tree`; returns it and the first line it prints."""
-    proc = subprocess.Popen([sys.executable, __file__, *args], cwd=tree, env={**os.environ, TREE_ENV: str(tree)},
+def spawn(*args: str, tree: Path = ROOT, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """This file's `args` role, importing from source `tree`, with `env` on top of this process's;
+    returns it and the first line it prints."""
+    proc = subprocess.Popen([sys.executable, __file__, *args], cwd=tree,
+                            env={**os.environ, **(env or {}), TREE_ENV: str(tree)},
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     return proc, proc.stdout.readline().strip()
@@ -140,6 +143,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    from services.launcher import gateway_env
     from tests.platform_process import free_port
 
     trees = [t.resolve() for t in args.tree or [ROOT]]
@@ -152,7 +156,7 @@ def main() -> None:
             raise RuntimeError("the worker did not start")
         gateways = {}
         for i, tree in enumerate(trees):
-            gateway, url = spawn("gateway", f"127.0.0.1:{port}", tree=tree)
+            gateway, url = spawn("gateway", f"127.0.0.1:{port}", tree=tree, env=gateway_env())  # as a replica's
             procs.append(gateway)
             if not url.startswith("http"):
                 raise RuntimeError(f"the gateway from {tree} did not start")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 
 import grpc
@@ -16,6 +17,7 @@ from clients.client import MshipClient
 from mship.state.v1 import state_pb2, state_pb2_grpc
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
+from services.launcher import GRPC_EXPERIMENTS, gateway_env
 from services.worker.builtin import corpus
 from tests.helpers import raw_headers, stream_then_drop
 from tests.integration.conftest import PLATFORM_MODELS, TINY
@@ -139,6 +141,20 @@ def test_health_and_readiness(platform):
     ready = httpx.get(f"{platform.base_url}/readyz").json()
     assert ready["ready"] and ready["loaded"] == ["tiny"] and ready["pending"] == []
     assert ready["load_times_s"]["tiny"] > 0
+
+
+def test_gateway_replicas_run_with_their_grpc_setting_on_top_of_the_jobs_environment(platform):
+    """The gateway's own runtime environment (gRPC's legacy client I/O: docs/operations.md) merges
+    into the job's, whose settings the replicas still need; no other replica gets it."""
+    gateways = platform.find("ServeReplica:mship-gateway")
+    assert len(gateways) == 2
+    want = gateway_env(os.environ).get(GRPC_EXPERIMENTS, os.environ.get(GRPC_EXPERIMENTS))  # else the runner's
+    for proc in gateways:
+        env = proc.environ()
+        assert env.get(GRPC_EXPERIMENTS) == want
+        assert env.get("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD") == "0"  # our servers on Serve's loop
+    workers = platform.find(f"ServeReplica:mship-model-{TINY}")
+    assert workers and all(w.environ().get(GRPC_EXPERIMENTS) == os.environ.get(GRPC_EXPERIMENTS) for w in workers)
 
 
 async def test_python_client_low_latency_path(platform):

@@ -23,7 +23,7 @@ from services.common.vocabulary import (
     ENV_NODE_CAPABILITIES,
     GATEWAY_RESOURCE,
 )
-from services.launcher import PlatformConfig, gateway_options, head_node
+from services.launcher import PlatformConfig, gateway_env, gateway_options, head_node
 
 GCS_REDIS = {ENV_GCS_REDIS_ADDRESS: "redis.ns.svc:6379", ENV_GCS_REDIS_PASSWORD: "s3cret"}
 
@@ -73,16 +73,30 @@ def test_gateway_replicas_request_the_gateway_resource_except_attached():
     from services.gateway.deployment import GatewayDeployment
 
     base = GatewayDeployment.ray_actor_options
-    placed = gateway_options(PlatformConfig(gateway_replicas=2), base)
+    env = {"GRPC_EXPERIMENTS": "event_engine_client"}  # the operator's choice: no environment of its own
+    placed = gateway_options(PlatformConfig(gateway_replicas=2), base, env)
     assert placed == {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.1, "resources": {GATEWAY_RESOURCE: 1}}}
     assert GatewayDeployment.options(**placed).ray_actor_options == placed["ray_actor_options"]
     assert base == {"num_cpus": 0.1}  # the deployment's own options are not changed in place
-    scaled = gateway_options(PlatformConfig(gateway_min_replicas=1, gateway_max_replicas=3), base)
+    scaled = gateway_options(PlatformConfig(gateway_min_replicas=1, gateway_max_replicas=3), base, env)
     assert scaled["autoscaling_config"]["max_replicas"] == 3 and "num_replicas" not in scaled
     assert scaled["ray_actor_options"]["resources"] == {GATEWAY_RESOURCE: 1}
     # Someone else's Ray cluster: nothing advertises the resource there, so none is requested.
-    attached = gateway_options(PlatformConfig(ray_address="auto"), base)
+    attached = gateway_options(PlatformConfig(ray_address="auto"), base, env)
     assert attached["ray_actor_options"] == {"num_cpus": 0.1}
+
+
+def test_gateway_replicas_read_grpc_messages_on_the_poller_thread_unless_the_operator_decides():
+    from services.gateway.deployment import GatewayDeployment
+
+    options = gateway_options(PlatformConfig(), GatewayDeployment.ray_actor_options, {})
+    assert options["ray_actor_options"]["runtime_env"] == {"env_vars": {"GRPC_EXPERIMENTS": "-event_engine_client"}}
+    assert GatewayDeployment.options(**options).ray_actor_options["runtime_env"]["env_vars"] == \
+        {"GRPC_EXPERIMENTS": "-event_engine_client"}
+    assert gateway_env({"GRPC_EXPERIMENTS": "-chaotic_good"}) == \
+        {"GRPC_EXPERIMENTS": "-chaotic_good,-event_engine_client"}  # the operator's others are kept
+    for chosen in ("event_engine_client", "-event_engine_client", "foo,event_engine_client"):
+        assert gateway_env({"GRPC_EXPERIMENTS": chosen}) == {}  # theirs, job-wide, stands
 
 
 def test_what_the_head_offers_ray():
