@@ -126,7 +126,8 @@ def gateway_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
     unless the operator's own GRPC_EXPERIMENTS decides. The EventEngine client reads each message
     on an I/O thread and hands it to the event loop through the completion-queue poller thread; the
     legacy client reads it on the poller thread itself. For the gateway, one Infer message per
-    streamed token, that is 20-27% less CPU per token (bench/gateway_cpu.py, docs/operations.md)."""
+    streamed token, that is 20-27% less CPU per token (bench/gateway_cpu.py, docs/operations.md).
+    The cost: a gateway replica starts in a Ray worker process of its own, not a pre-started one."""
     chosen = env.get(GRPC_EXPERIMENTS, "")
     if "event_engine_client" in chosen:
         return {}
