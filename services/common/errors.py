@@ -73,6 +73,13 @@ class ErrorDetails:
     retry_after_s: float | None = None
     metadata: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def dropped(self) -> bool:
+        """CANCELLED with no reason: gRPC itself ended the call, not the service, which always names
+        one (a Cancel by id, a client that left). The serving process was stopping, or the channel to
+        it was closed: nothing the caller asked for, and the call may be tried elsewhere."""
+        return self.code == grpc.StatusCode.CANCELLED and not self.reason
+
     @classmethod
     def from_rpc_error(cls, err: grpc.RpcError) -> ErrorDetails:
         code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN

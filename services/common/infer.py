@@ -16,7 +16,8 @@ from services.common.affinity import prefix_key
 from services.common.errors import ErrorDetails
 from services.common.routes import Endpoint, RouteTable
 
-# Before the first token nothing has been sent to the client, so these are safe to retry elsewhere.
+# Before the first token nothing has been sent to the client, so these are safe to retry elsewhere
+# (as is a call gRPC dropped: `ErrorDetails.dropped`).
 RETRY_ELSEWHERE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
@@ -34,9 +35,9 @@ def _retry_elsewhere(table: RouteTable, endpoint: Endpoint, e: grpc.aio.AioRpcEr
     endpoint may be tried (an unreachable one counts a failure on its breaker; a busy one stays
     in rotation), else UpstreamError."""
     details = ErrorDetails.from_rpc_error(e)
-    if e.code() not in RETRY_ELSEWHERE:
+    if e.code() not in RETRY_ELSEWHERE and not details.dropped:
         raise UpstreamError(details) from e
-    if e.code() == grpc.StatusCode.UNAVAILABLE:
+    if e.code() == grpc.StatusCode.UNAVAILABLE or details.dropped:
         table.mark_bad(endpoint)
     return details
 
@@ -106,9 +107,10 @@ class InferStream:
                 event = await self._call.read()
             except grpc.aio.AioRpcError as e:
                 self.ended = True
-                if e.code() == grpc.StatusCode.UNAVAILABLE and self._table is not None:
+                details = ErrorDetails.from_rpc_error(e)
+                if (e.code() == grpc.StatusCode.UNAVAILABLE or details.dropped) and self._table is not None:
                     self._table.mark_bad(self.endpoint)  # the replica went away mid-stream
-                raise UpstreamError(ErrorDetails.from_rpc_error(e)) from e
+                raise UpstreamError(details) from e
             if event is grpc.aio.EOF:
                 self.ended = True
                 return

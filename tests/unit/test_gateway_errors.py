@@ -53,7 +53,9 @@ TABLE = [
     (details(C.UNAVAILABLE, retry=4), 503, "server_error", "service_unavailable", None, "4"),
     (details(C.UNAVAILABLE, "STORE_UNAVAILABLE"), 503, "server_error", "service_unavailable", None, "1"),
     (details(C.DEADLINE_EXCEEDED), 504, "server_error", "timeout", None, None),
-    (details(C.CANCELLED), 499, "invalid_request_error", "request_cancelled", None, None),
+    (details(C.CANCELLED, "ERROR_REASON_UNSPECIFIED"), 499, "invalid_request_error", "request_cancelled", None, None),
+    # No reason: gRPC ended the call (the replica stopping, its channel closed), not the client.
+    (details(C.CANCELLED), 503, "server_error", "service_unavailable", None, "1"),
     (details(C.UNAUTHENTICATED), 401, "authentication_error", None, None, None),
     (details(C.PERMISSION_DENIED), 403, "permission_error", None, None, None),
     (details(C.ABORTED, "CONFLICT"), 409, "conflict_error", None, None, None),

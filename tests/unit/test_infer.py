@@ -12,6 +12,7 @@ import pytest
 
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.worker.v1 import worker_pb2 as pb
+from mship.worker.v1 import worker_pb2_grpc
 from services.common.infer import UpstreamError, open_infer
 from services.common.picker import PrefixAffinity
 from services.common.routes import RouteTable
@@ -21,18 +22,24 @@ from tests.helpers import until
 MODEL = "m"
 
 
+def routing(*ports: int) -> RouteTable:
+    """A table routing MODEL to replicas on these local ports, in this order."""
+    table = RouteTable()
+    snapshot = cpb.RoutingSnapshot(version=1)
+    route = snapshot.models.add(name=MODEL, version="v1", max_model_len=64)
+    for i, port in enumerate(ports):
+        replica = route.replicas.add(replica_id=f"r{i}", model=MODEL, version="v1")
+        replica.endpoint.host, replica.endpoint.port = "127.0.0.1", port
+    table.apply(snapshot)
+    return table
+
+
 @pytest.fixture
 async def routed() -> AsyncIterator[tuple[list[ServedWorker], RouteTable]]:
     """Two replicas of MODEL (the second not ready), routed in one table."""
     workers = [await serve_worker(ScriptedEngine(["a", "b"]), name=MODEL),
                await serve_worker(ScriptedEngine(["a", "b"]), name=MODEL, ready=False)]
-    table = RouteTable()
-    snapshot = cpb.RoutingSnapshot(version=1)
-    route = snapshot.models.add(name=MODEL, version="v1", max_model_len=64)
-    for i, worker in enumerate(workers):
-        replica = route.replicas.add(replica_id=f"r{i}", model=MODEL, version="v1")
-        replica.endpoint.host, replica.endpoint.port = "127.0.0.1", worker.port
-    table.apply(snapshot)
+    table = routing(*(w.port for w in workers))
     try:
         yield workers, table
     finally:
@@ -122,3 +129,37 @@ async def test_calls_that_share_a_prefix_reach_one_replica():
         await table.close()
         for worker in workers:
             await worker.server.stop(0)
+
+
+class DroppingWorker(worker_pb2_grpc.WorkerServicer):
+    """A replica on its way out: gRPC ends its calls CANCELLED, with no reason (as when its process
+    stops under them), not the worker's own refusal."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def Infer(self, request, context):
+        self.calls += 1
+        await context.abort(grpc.StatusCode.CANCELLED, "the server is going away")
+        yield pb.InferEvent()  # never reached: makes this a streaming handler
+
+
+async def test_a_call_its_replica_drops_before_the_first_event_is_answered_by_another():
+    dropping, server = DroppingWorker(), grpc.aio.server()
+    worker_pb2_grpc.add_WorkerServicer_to_server(dropping, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    ready = await serve_worker(ScriptedEngine(["a", "b"]), name=MODEL)
+    table = routing(port, ready.port)
+    try:
+        table.routes[MODEL].endpoints[1].outstanding = 10  # the dropping replica is tried first
+        stream = await open_infer(table, MODEL, request("moved"))
+        assert [e.WhichOneof("event") async for e in stream] == ["delta", "delta", "final"]
+        stream.close()
+        assert dropping.calls == 1 and outstanding(table) == [0, 10]
+        assert ready.engine.started == ["moved"]
+        assert table.breaker._circuits[f"127.0.0.1:{port}"].failures == 1  # counted like an unreachable one
+    finally:
+        await table.close()
+        await ready.server.stop(0)
+        await server.stop(0)

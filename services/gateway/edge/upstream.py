@@ -42,7 +42,7 @@ def from_grpc(details: ErrorDetails, model: str | None, *, input_param: str = "m
         return OpenAIError(400, message, param=input_param, code="context_length_exceeded")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED or reason == "OVERLOADED":
         return overloaded(details.retry_after_s)
-    if code == grpc.StatusCode.UNAVAILABLE:
+    if code == grpc.StatusCode.UNAVAILABLE or details.dropped:  # dropped: not the client's doing, no 499
         if reason == "NOT_READY":
             return OpenAIError(503, f"The model '{model or ''}' is loading, please retry shortly.", type=SERVER_ERROR,
                                code="model_not_ready", headers=retry_after_header(details.retry_after_s))
@@ -50,7 +50,7 @@ def from_grpc(details: ErrorDetails, model: str | None, *, input_param: str = "m
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return OpenAIError(504, "The request timed out.", type=SERVER_ERROR, code="timeout")
     if code == grpc.StatusCode.CANCELLED:
-        # nginx's 499: the client went away (or cancelled); the body is rarely read.
+        # nginx's 499: the service says the request was cancelled (a Cancel by id, the client gone).
         return OpenAIError(499, "The request was cancelled.", code="request_cancelled")
     status = _STATUS.get(code, 500)
     if status == 400:
