@@ -5,6 +5,7 @@ and the Python client."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -15,6 +16,8 @@ from mship.worker.v1 import worker_pb2 as pb
 from services.common.affinity import prefix_key
 from services.common.errors import ErrorDetails
 from services.common.routes import Endpoint, RouteTable
+
+log = logging.getLogger(__name__)
 
 # Before the first token nothing has been sent to the client, so these are safe to retry elsewhere
 # (as is a call gRPC dropped: `ErrorDetails.dropped`).
@@ -30,46 +33,70 @@ class UpstreamError(Exception):
         self.details = details
 
 
-def _retry_elsewhere(table: RouteTable, endpoint: Endpoint, e: grpc.aio.AioRpcError) -> ErrorDetails:
-    """An attempt on `endpoint` failed before anything was answered: its details when another
-    endpoint may be tried (an unreachable one counts a failure on its breaker; a busy one stays
-    in rotation), else UpstreamError."""
-    details = ErrorDetails.from_rpc_error(e)
-    if e.code() not in RETRY_ELSEWHERE and not details.dropped:
-        raise UpstreamError(details) from e
-    if e.code() == grpc.StatusCode.UNAVAILABLE or details.dropped:
-        table.mark_bad(endpoint)
-    return details
+class Attempts:
+    """The endpoints one call tries in turn, and why the last one failed. Iterating it yields the
+    route's endpoints, best first (for a model at zero replicas: after its cold start); the caller
+    asks for the next one only after `failed()` let it. When a replica tried had gone (unreachable,
+    or its call dropped), then also those of a newer snapshot, if one arrived meanwhile or arrives
+    within `table.refresh_wait_s`: a gateway's snapshot can trail the coordinator's, and a call
+    that found only the replicas a cutover or a rescale just stopped is answered by the ones that
+    replaced them. (Busy replicas are not waited for: the caller is told at once.)"""
 
+    def __init__(self, table: RouteTable, model: str, affinity: str | None = None) -> None:
+        self.table, self.model, self.affinity = table, model, affinity
+        self.last: ErrorDetails | None = None
+        self.gone = False
 
-def _no_replica(model: str, last: ErrorDetails | None) -> UpstreamError:
-    return UpstreamError(last or ErrorDetails(grpc.StatusCode.UNAVAILABLE, f"no live replica of {model!r}",
-                                              reason="NOT_READY", retry_after_s=1.0))
+    async def __aiter__(self) -> AsyncIterator[Endpoint]:
+        table, version, tried = self.table, self.table.version, set()
+        for endpoint in table.candidates(self.model, self.affinity) or await table.cold_start(self.model):
+            tried.add(endpoint.address)
+            yield endpoint
+        if self.gone and await table.wait_newer(version, table.refresh_wait_s):
+            for endpoint in table.candidates(self.model, self.affinity):
+                if endpoint.address not in tried:
+                    yield endpoint
 
+    def closed(self) -> None:
+        """The endpoint's channel was just closed by a new snapshot: the replica left the routes."""
+        self.gone = True
 
-async def _endpoints(table: RouteTable, model: str, affinity: str | None = None) -> list[Endpoint]:
-    """The endpoints to try, best first (`affinity`: the call's prefix key); for a model at zero
-    replicas, after its cold start (which answers [] at once for any other model without endpoints)."""
-    return table.candidates(model, affinity) or await table.cold_start(model)
+    def failed(self, endpoint: Endpoint, e: grpc.aio.AioRpcError) -> None:
+        """The attempt on `endpoint` failed before anything was answered: UpstreamError unless
+        another endpoint may be tried (an unreachable one counts a failure on its breaker; a busy
+        one stays in rotation)."""
+        self.last = details = ErrorDetails.from_rpc_error(e)
+        if e.code() not in RETRY_ELSEWHERE and not details.dropped:
+            raise UpstreamError(details) from e
+        if e.code() == grpc.StatusCode.UNAVAILABLE or details.dropped:
+            self.gone = True
+            self.table.mark_bad(endpoint)
+            log.info("%s: %s %s before the first token; trying another replica", endpoint.address,
+                     e.code().name, details.message)
+
+    def refused(self) -> UpstreamError:
+        """No endpoint answered: the last failure, or that there was none to try."""
+        return UpstreamError(self.last or ErrorDetails(
+            grpc.StatusCode.UNAVAILABLE, f"no live replica of {self.model!r}", reason="NOT_READY", retry_after_s=1.0))
 
 
 async def call_unary(table: RouteTable, model: str, call: Callable[[Endpoint], Awaitable[T]]) -> T:
     """A unary worker call (e.g. `lambda e: e.stub.Embed(request)`) on the best endpoint, counted in
     its outstanding calls while it runs, retried elsewhere like an Infer call before its first token."""
-    last: ErrorDetails | None = None
-    for endpoint in await _endpoints(table, model):
+    attempts = Attempts(table, model)
+    async for endpoint in attempts:
         endpoint.outstanding += 1
         try:
             reply = await call(endpoint)
             table.mark_ok(endpoint)
             return reply
-        except grpc.aio.UsageError:  # its channel was just closed by a new snapshot: try another
-            continue
+        except grpc.aio.UsageError:
+            attempts.closed()
         except grpc.aio.AioRpcError as e:
-            last = _retry_elsewhere(table, endpoint, e)
+            attempts.failed(endpoint, e)
         finally:
             endpoint.outstanding -= 1
-    raise _no_replica(model, last)
+    raise attempts.refused()
 
 
 class InferStream:
@@ -143,11 +170,12 @@ async def open_stream(table: RouteTable, model: str, start: Callable[[Endpoint],
     best endpoint and wait for its first event, retrying elsewhere while nothing was answered. Every
     stream that does not come back to the caller is closed here, whatever ends it (an error, a
     cancellation)."""
-    last: ErrorDetails | None = None
-    for endpoint in await _endpoints(table, model, affinity):
+    attempts = Attempts(table, model, affinity)
+    async for endpoint in attempts:
         try:
             call = start(endpoint)
-        except grpc.aio.UsageError:  # its channel was just closed by a new snapshot: try another
+        except grpc.aio.UsageError:
+            attempts.closed()
             continue
         stream = InferStream(endpoint, call, table)
         try:
@@ -158,9 +186,9 @@ async def open_stream(table: RouteTable, model: str, start: Callable[[Endpoint],
             stream.close()  # cancelled while waiting (client gone): this cancels the engine work too
             if not isinstance(e, grpc.aio.AioRpcError):
                 raise
-            last = _retry_elsewhere(table, endpoint, e)
+            attempts.failed(endpoint, e)
             continue
         stream.close()
-        last = ErrorDetails(grpc.StatusCode.INTERNAL, "the worker ended the stream without an event")
+        attempts.last = ErrorDetails(grpc.StatusCode.INTERNAL, "the worker ended the stream without an event")
         break
-    raise _no_replica(model, last)
+    raise attempts.refused()

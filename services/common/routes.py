@@ -36,6 +36,7 @@ PROBE_TIMEOUT_S = 2.0
 ENV_COLD_START_TIMEOUT_S = "MSHIP_COLD_START_TIMEOUT_S"
 COLD_START_TIMEOUT_S = 120.0  # a request to a model at zero replicas waits this long for one
 REASK_S = 10.0  # a cold start still waiting asks again (the coordinator may have restarted)
+REFRESH_WAIT_S = 1.0  # a call whose replicas all failed waits this long for a newer snapshot to try
 # A replica that comes back on its address is reconnected within ~2 s, not after gRPC's default
 # backoff of up to 120 s (the breaker's probe waits for that connection).
 CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 20_000), ("grpc.max_receive_message_length", 64 * 2**20),
@@ -85,6 +86,7 @@ class RouteTable:
         self.request_replica: Callable[[str], Awaitable[None]] | None = None
         self._asked: dict[str, float] = {}  # model -> when a replica was last asked for (loop time)
         self.cold_start_timeout_s = float(os.environ.get(ENV_COLD_START_TIMEOUT_S, COLD_START_TIMEOUT_S))
+        self.refresh_wait_s = REFRESH_WAIT_S
 
     def apply(self, snapshot: cpb.RoutingSnapshot) -> None:
         routes, live = {}, set()
@@ -121,6 +123,13 @@ class RouteTable:
         for address in self.breaker.due_for_probe():
             self._probe(address)
         return self.picker.order(route.endpoints, self.breaker.excluded(), affinity)
+
+    async def wait_newer(self, version: int, timeout_s: float) -> bool:
+        """Whether a snapshot newer than `version` is applied, waiting up to `timeout_s` for one."""
+        if self.version == version:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._applied.wait(), timeout_s)
+        return self.version != version
 
     async def cold_start(self, model: str) -> list[Endpoint]:
         """Endpoints of a model at zero replicas, once one serves: asks the coordinator for a replica

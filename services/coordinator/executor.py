@@ -185,7 +185,8 @@ class Executor:
 
     async def _drain(self, name: str, version: str, timeout_s: float) -> None:
         """Wait until the old version's replicas report no call in flight in a heartbeat sent after
-        the switch (so no gateway still starts calls there), or until the drain timeout."""
+        the switch, or until the drain timeout. A gateway whose snapshot still trails the switch
+        when they stop finds the new replicas by itself (services/common/infer.py `Attempts`)."""
         switched = time.monotonic()
         deadline = switched + timeout_s
         while time.monotonic() < deadline:

@@ -13,7 +13,7 @@ import pytest
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
-from services.common.infer import UpstreamError, open_infer
+from services.common.infer import UpstreamError, call_unary, open_infer
 from services.common.picker import PrefixAffinity
 from services.common.routes import RouteTable
 from tests.engine_double import ScriptedEngine, ServedWorker, serve_worker
@@ -163,3 +163,72 @@ async def test_a_call_its_replica_drops_before_the_first_event_is_answered_by_an
         await table.close()
         await ready.server.stop(0)
         await server.stop(0)
+
+
+def reroute(table: RouteTable, version: int, *ports: int) -> None:
+    """A newer snapshot routing MODEL to these ports (a cutover: the old replicas are gone)."""
+    snapshot = cpb.RoutingSnapshot(version=version)
+    route = snapshot.models.add(name=MODEL, version=f"v{version}", max_model_len=64)
+    for i, port in enumerate(ports):
+        replica = route.replicas.add(replica_id=f"v{version}-r{i}", model=MODEL, version=f"v{version}")
+        replica.endpoint.host, replica.endpoint.port = "127.0.0.1", port
+    table.apply(snapshot)
+
+
+async def stopped_port() -> int:
+    """A local port whose server has stopped: a call there fails UNAVAILABLE at once."""
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    await server.stop(0)
+    return port
+
+
+async def test_a_call_whose_replicas_all_left_waits_for_the_snapshot_that_replaced_them():
+    """The gateway's snapshot trails a cutover: the only replica it knows has stopped. The call
+    fails there, then is answered by the replica of the snapshot that arrives while it waits."""
+    gone, new = await stopped_port(), await serve_worker(ScriptedEngine(["a"]), name=MODEL)
+    table = routing(gone)
+    try:
+        opening = asyncio.create_task(open_infer(table, MODEL, request("cutover")))
+        await until(lambda: f"127.0.0.1:{gone}" in table.breaker._circuits, "the stopped replica to fail")
+        assert not opening.done()  # waiting for a newer snapshot, not answered 503
+        reroute(table, 2, new.port)
+        stream = await opening
+        assert [e.WhichOneof("event") async for e in stream] == ["delta", "final"]
+        stream.close()
+        assert new.engine.started == ["cutover"]
+    finally:
+        await table.close()
+        await new.server.stop(0)
+
+
+async def test_a_unary_call_finds_the_replicas_of_a_snapshot_that_arrived_meanwhile():
+    """The snapshot moved on while the call was failing on its old replica: tried at once."""
+    gone, new = await stopped_port(), await serve_worker(ScriptedEngine(["a"]), name=MODEL)
+    table = routing(gone)
+    table.refresh_wait_s = 0.0  # nothing to wait for: the newer snapshot is already applied
+
+    async def embed(endpoint):
+        if endpoint.address == f"127.0.0.1:{gone}":
+            reroute(table, 2, new.port)  # arrives while this call is in flight
+        return await endpoint.stub.GetLoad(pb.GetLoadRequest(), timeout=5)
+
+    try:
+        reply = await call_unary(table, MODEL, embed)
+        assert reply.model == MODEL and [e.address for e in table.routes[MODEL].endpoints] == [f"127.0.0.1:{new.port}"]
+    finally:
+        await table.close()
+        await new.server.stop(0)
+
+
+async def test_without_a_newer_snapshot_the_call_is_refused_after_the_wait():
+    gone = await stopped_port()
+    table = routing(gone)
+    table.refresh_wait_s = 0.05
+    try:
+        with pytest.raises(UpstreamError) as info:
+            await open_infer(table, MODEL, request("nowhere"))
+        assert info.value.details.code == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await table.close()

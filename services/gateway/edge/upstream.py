@@ -46,6 +46,7 @@ def from_grpc(details: ErrorDetails, model: str | None, *, input_param: str = "m
         if reason == "NOT_READY":
             return OpenAIError(503, f"The model '{model or ''}' is loading, please retry shortly.", type=SERVER_ERROR,
                                code="model_not_ready", headers=retry_after_header(details.retry_after_s))
+        log.warning("no replica of %s answered: %s %s: %s", model, code.name, reason, message)
         return unavailable(details.retry_after_s)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return OpenAIError(504, "The request timed out.", type=SERVER_ERROR, code="timeout")
