@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import TypeVar
 
 import grpc
@@ -34,7 +35,7 @@ class UpstreamError(Exception):
 
 
 class Attempts:
-    """The endpoints one call tries in turn, and why the last one failed. Iterating it yields the
+    """The endpoints one call tries in turn, and why the last one failed. `endpoints()` yields the
     route's endpoints, best first (for a model at zero replicas: after its cold start); the caller
     asks for the next one only after `failed()` let it. When a replica tried had gone (unreachable,
     or its call dropped), then also those of a newer snapshot, if one arrived meanwhile or arrives
@@ -47,7 +48,9 @@ class Attempts:
         self.last: ErrorDetails | None = None
         self.gone = False
 
-    async def __aiter__(self) -> AsyncIterator[Endpoint]:
+    async def endpoints(self) -> AsyncIterator[Endpoint]:
+        """Iterate it inside `aclosing()`: the caller leaves it early on success, and an abandoned
+        async generator is closed later by a task of its own (~10 µs a call)."""
         table, version, tried = self.table, self.table.version, set()
         for endpoint in table.candidates(self.model, self.affinity) or await table.cold_start(self.model):
             tried.add(endpoint.address)
@@ -84,18 +87,19 @@ async def call_unary(table: RouteTable, model: str, call: Callable[[Endpoint], A
     """A unary worker call (e.g. `lambda e: e.stub.Embed(request)`) on the best endpoint, counted in
     its outstanding calls while it runs, retried elsewhere like an Infer call before its first token."""
     attempts = Attempts(table, model)
-    async for endpoint in attempts:
-        endpoint.outstanding += 1
-        try:
-            reply = await call(endpoint)
-            table.mark_ok(endpoint)
-            return reply
-        except grpc.aio.UsageError:
-            attempts.closed()
-        except grpc.aio.AioRpcError as e:
-            attempts.failed(endpoint, e)
-        finally:
-            endpoint.outstanding -= 1
+    async with aclosing(attempts.endpoints()) as endpoints:
+        async for endpoint in endpoints:
+            endpoint.outstanding += 1
+            try:
+                reply = await call(endpoint)
+                table.mark_ok(endpoint)
+                return reply
+            except grpc.aio.UsageError:
+                attempts.closed()
+            except grpc.aio.AioRpcError as e:
+                attempts.failed(endpoint, e)
+            finally:
+                endpoint.outstanding -= 1
     raise attempts.refused()
 
 
@@ -171,24 +175,25 @@ async def open_stream(table: RouteTable, model: str, start: Callable[[Endpoint],
     stream that does not come back to the caller is closed here, whatever ends it (an error, a
     cancellation)."""
     attempts = Attempts(table, model, affinity)
-    async for endpoint in attempts:
-        try:
-            call = start(endpoint)
-        except grpc.aio.UsageError:
-            attempts.closed()
-            continue
-        stream = InferStream(endpoint, call, table)
-        try:
-            if await stream._read_first():
-                table.mark_ok(endpoint)
-                return stream
-        except BaseException as e:
-            stream.close()  # cancelled while waiting (client gone): this cancels the engine work too
-            if not isinstance(e, grpc.aio.AioRpcError):
-                raise
-            attempts.failed(endpoint, e)
-            continue
-        stream.close()
-        attempts.last = ErrorDetails(grpc.StatusCode.INTERNAL, "the worker ended the stream without an event")
-        break
+    async with aclosing(attempts.endpoints()) as endpoints:
+        async for endpoint in endpoints:
+            try:
+                call = start(endpoint)
+            except grpc.aio.UsageError:
+                attempts.closed()
+                continue
+            stream = InferStream(endpoint, call, table)
+            try:
+                if await stream._read_first():
+                    table.mark_ok(endpoint)
+                    return stream
+            except BaseException as e:
+                stream.close()  # cancelled while waiting (client gone): this cancels the engine work too
+                if not isinstance(e, grpc.aio.AioRpcError):
+                    raise
+                attempts.failed(endpoint, e)
+                continue
+            stream.close()
+            attempts.last = ErrorDetails(grpc.StatusCode.INTERNAL, "the worker ended the stream without an event")
+            break
     raise attempts.refused()
