@@ -6,7 +6,9 @@
 
 Prints TTFT p50/p99, inter-token latency p50, throughput, and the server-side CPU each path spends
 per generated token (its own processes, engine included; the gateway's replica also on its own) at
-1, 8 and 32 concurrent streams; --json PATH writes them. Both stacks' engines run with the
+1, 8 and 32 concurrent streams, and the part of it its front end spends (the processes between the
+engine and the client: vLLM's API server; the worker replica; the worker and gateway replicas);
+--json PATH writes them. Both stacks' engines run with the
 platform's engine settings (`set_engine_env`: threads, KV cache, the busy-wait bound of
 bench/engine_spin.py), so what differs is the edge; each path starts once the box is back to idle.
 On a small box the client, the servers and the engine share the cores, so throughput there is CPU
@@ -56,6 +58,9 @@ MODEL, MAX_NUM_SEQS, MAX_MODEL_LEN = "tiny", 32, 1024  # MODEL: the name both st
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
 # which CPU meter holds each path's server stack
 STACK = {"vllm-http": "vllm-server", "gateway": "platform-path", "grpc": "worker-replica"}
+# ...and the meters of its front end: the engine's processes are the same on every path
+FRONT_END = {"vllm-http": ("vllm-api-server",), "gateway": ("worker-front-end", "gateway-replica"),
+             "grpc": ("worker-front-end",)}
 
 
 async def sse_stream(http: httpx.AsyncClient, tokens: int) -> tuple[float, list[float], int]:
@@ -88,11 +93,13 @@ async def grpc_stream(client: MshipClient, tokens: int) -> tuple[float, list[flo
 
 
 class CpuMeter:
-    """CPU seconds (user + system) spent by a set of processes and their children."""
+    """CPU seconds (user + system) spent by a set of processes and (unless `children` is False)
+    their children."""
 
-    def __init__(self, roots: list[psutil.Process]) -> None:
+    def __init__(self, roots: list[psutil.Process], children: bool = True) -> None:
         # by pid: a root may be another's descendant (vLLM's model worker is EngineCore's child)
-        self.procs = list({q.pid: q for p in roots for q in (p, *p.children(recursive=True))}.values())
+        self.procs = list({q.pid: q for p in roots
+                           for q in (p, *(p.children(recursive=True) if children else ()))}.values())
 
     def seconds(self) -> float:
         total = 0.0
@@ -148,6 +155,7 @@ async def measure(paths: dict, meters: dict[str, CpuMeter], concurrency: int, ro
                "itl_p50_ms": statistics.median(s["itl"]), "tok_s": statistics.median(s["rate"])}
         # µs of server CPU per generated token: the path's own stack, and the gateway replica alone
         row["server_cpu_us_per_token"] = 1e6 * s["cpu"][STACK[name]] / s["tokens"]
+        row["front_end_cpu_us_per_token"] = 1e6 * sum(s["cpu"][k] for k in FRONT_END[name]) / s["tokens"]
         if name == "gateway":
             row["gateway_cpu_us_per_token"] = 1e6 * s["cpu"]["gateway-replica"] / s["tokens"]
         out[name] = row
@@ -184,8 +192,11 @@ def wait_http(url: str, server: subprocess.Popen, timeout_s: float = 600) -> Non
 
 def cpu_meters(platform: PlatformProcess, server: subprocess.Popen) -> dict[str, CpuMeter]:
     gateway, worker = platform.find("ServeReplica:mship-gateway"), platform.find(f"ServeReplica:mship-model-{MODEL}")
-    return {"vllm-server": CpuMeter([psutil.Process(server.pid)]), "gateway-replica": CpuMeter(gateway),
-            "worker-replica": CpuMeter(worker), "platform-path": CpuMeter(gateway + worker)}
+    api_server = psutil.Process(server.pid)
+    return {"vllm-server": CpuMeter([api_server]), "gateway-replica": CpuMeter(gateway),
+            "worker-replica": CpuMeter(worker), "platform-path": CpuMeter(gateway + worker),
+            "vllm-api-server": CpuMeter([api_server], children=False),
+            "worker-front-end": CpuMeter(worker, children=False)}
 
 
 async def run(args: argparse.Namespace, platform: PlatformProcess, vllm_port: int,
@@ -235,12 +246,12 @@ def main() -> None:
         server.wait(30)
         platform.stop()
     print(f"{'streams':>7} {'path':<10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'ITL p50 ms':>11} {'tok/s':>9} "
-          f"{'server CPU us/tok':>18}")
+          f"{'server CPU us/tok':>18} {'front end us/tok':>17}")
     summary = {}
     for c, rows in table.items():
         for name, r in rows.items():
             print(f"{c:>7} {name:<10} {r['ttft_p50_ms']:>12.2f} {r['ttft_p99_ms']:>12.2f} {r['itl_p50_ms']:>11.2f} "
-                  f"{r['tok_s']:>9.0f} {r['server_cpu_us_per_token']:>18.0f}")
+                  f"{r['tok_s']:>9.0f} {r['server_cpu_us_per_token']:>18.0f} {r['front_end_cpu_us_per_token']:>17.0f}")
         base, gw, grpc_ = rows["vllm-http"], rows["gateway"], rows["grpc"]
         summary[c] = {"gateway_ttft_p50_added_ms": gw["ttft_p50_ms"] - base["ttft_p50_ms"],
                       "gateway_ttft_p99_added_ms": gw["ttft_p99_ms"] - base["ttft_p99_ms"],
