@@ -7,6 +7,11 @@ text (espeak-ng, bundled), then runs the voice once per sentence: each sentence 
 and a stopped request runs no further sentence. onnxruntime gets the replica's CPU share as its
 thread count (`num_cpus`, at least one thread), and its threads do not spin while idle, so a voice
 shares a node with the LLM engines fairly.
+
+engine_args: `noise_scale` and `noise_w_scale`, the voice's sampling noise (unset: the voice's own,
+from its `.onnx.json`). Piper samples that noise afresh on every call, so the same text sounds a
+little different each time; 0 for both makes synthesis deterministic (the same input, the same
+audio), a little flatter.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+from google.protobuf.json_format import MessageToDict
+
 from mship.common.v1 import common_pb2
 from services.common.errors import invalid_parameter
 from services.worker.audio_engine import AudioEngine, engine_threads
@@ -26,6 +33,7 @@ from services.worker.audio_engine import AudioEngine, engine_threads
 log = logging.getLogger(__name__)
 MODEL_FILE, CONFIG_FILE = "voice.onnx", "voice.onnx.json"
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
+NOISE_ARGS = ("noise_scale", "noise_w_scale")
 # OpenAI's voice names: a client's default choice, spoken by a multi-speaker voice's first speaker.
 OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer",
                            "verse", "marin", "cedar"})
@@ -49,23 +57,38 @@ def voice_files(model_path: str) -> tuple[Path, Path]:
     return model, config
 
 
+def noise_args(spec: common_pb2.ModelSpec) -> dict[str, float]:
+    """engine_args as piper's noise settings; an unknown key or a value that is not a number ≥ 0
+    fails the load, named."""
+    args = MessageToDict(spec.engine_args) if spec.HasField("engine_args") else {}
+    unknown = sorted(set(args) - set(NOISE_ARGS))
+    if unknown:
+        raise ValueError(f"piper: unknown engine_args {unknown}; known: {list(NOISE_ARGS)}")
+    for key, value in args.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValueError(f"piper: engine_args.{key} must be a number >= 0, not {value!r}")
+    return {key: float(value) for key, value in args.items()}
+
+
 class PiperEngine(AudioEngine):
     supports_speech = True
 
-    def __init__(self, voice: Any, name: str) -> None:
+    def __init__(self, voice: Any, name: str, noise: dict[str, float] | None = None) -> None:
         super().__init__()
         self.voice, self.name = voice, name
+        self.noise = noise or {}  # unset: the voice's own
         self.sample_rate = int(voice.config.sample_rate)
         self.speakers: dict[str, int] = dict(voice.config.speaker_id_map or {})
         self.num_speakers = int(voice.config.num_speakers or 1)
 
     @classmethod
     async def start(cls, spec: common_pb2.ModelSpec, model_path: str) -> PiperEngine:
+        noise = noise_args(spec)
         threads = engine_threads(spec.num_cpus)
         voice = await asyncio.to_thread(load_voice, model_path, threads)
-        log.info("piper voice %s loaded (%d Hz, %d speaker(s), %d thread(s))", model_path,
-                 voice.config.sample_rate, voice.config.num_speakers, threads)
-        return cls(voice, spec.name)
+        log.info("piper voice %s loaded (%d Hz, %d speaker(s), %d thread(s), noise %s)", model_path,
+                 voice.config.sample_rate, voice.config.num_speakers, threads, noise or "the voice's own")
+        return cls(voice, spec.name, noise)
 
     def speaker_id(self, voice: str) -> int | None:
         """The speaker to use for `voice`: a one-speaker voice speaks any name; a multi-speaker voice
@@ -87,7 +110,7 @@ class PiperEngine(AudioEngine):
         length_scale = None
         if speed is not None and speed != 1.0:
             length_scale = (self.voice.config.length_scale or 1.0) / speed  # longer phonemes: slower
-        return SynthesisConfig(speaker_id=self.speaker_id(voice), length_scale=length_scale)
+        return SynthesisConfig(speaker_id=self.speaker_id(voice), length_scale=length_scale, **self.noise)
 
     async def synthesize(self, text: str, voice: str, speed: float | None, request_id: str) -> AsyncIterator[bytes]:
         config = self.synthesis_config(voice, speed)  # refusals before any engine work

@@ -6,6 +6,8 @@ audio loaders in models.yaml and the node's capabilities."""
 from __future__ import annotations
 
 import io
+import re
+import types
 import wave
 
 import pytest
@@ -162,3 +164,24 @@ def test_audio_capabilities_and_threads():
     assert capabilities.resources(["piper"]) == {capability_resource("piper"): capabilities.SLOTS}
     assert capabilities.capabilities_of({"mship_faster_whisper": 1000.0, "CPU": 2}) == ["faster_whisper"]
     assert [engine_threads(n) for n in (0, 0.25, 0.5, 1, 2.4, 3)] == [1, 1, 1, 1, 2, 3]
+
+
+def test_piper_noise_from_engine_args():
+    from services.worker.piper_engine import PiperEngine, noise_args
+
+    def spec(engine_args: dict) -> common_pb2.ModelSpec:
+        (parsed,) = parse_models([{"name": "tts", "model": "builtin:piper-joe", "loader": "piper",
+                                   "engine_args": engine_args}], "m.yaml")
+        return parsed
+
+    assert noise_args(common_pb2.ModelSpec(name="tts")) == {}  # the voice's own
+    noise = noise_args(spec({"noise_scale": 0, "noise_w_scale": 0.5}))
+    assert noise == {"noise_scale": 0.0, "noise_w_scale": 0.5}
+    for bad, named in (({"noise": 0}, "unknown engine_args ['noise']"), ({"noise_scale": -0.1}, "noise_scale"),
+                       ({"noise_w_scale": "low"}, "noise_w_scale"), ({"noise_scale": True}, "noise_scale")):
+        with pytest.raises(ValueError, match=re.escape(named)):
+            noise_args(spec(bad))
+    config = types.SimpleNamespace(sample_rate=22050, speaker_id_map={}, num_speakers=1, length_scale=1.0)
+    engine = PiperEngine(types.SimpleNamespace(config=config), "tts", noise)
+    synthesis = engine.synthesis_config("alloy", 2.0)
+    assert (synthesis.noise_scale, synthesis.noise_w_scale, synthesis.length_scale) == (0.0, 0.5, 0.5)
