@@ -7,8 +7,12 @@ an engine sharing the cores.
 
 `--tree` runs one gateway per source tree (e.g. a `git worktree` of the previous commit and this
 one), all in front of the same worker, interleaved round by round: a before/after side by side.
+`--floor` adds two floors beside them, edges that do nothing but carry tokens: bench/edge_floor.py
+(one Infer stream per request, the platform's contract: the least any separate Python edge spends
+per token under it) and bench/mux_floor.py (one stream per worker carrying every request's deltas
+in one message per step, in front of a multiplexing worker toy of its own).
 
-  .venv/bin/python bench/gateway_cpu.py [--tree . --tree /tmp/base] [--step-ms 4] [--tokens 256]
+  .venv/bin/python bench/gateway_cpu.py [--tree . --tree /tmp/base] [--floor] [--step-ms 4] [--tokens 256]
                                         [--rounds 5] [--json out.json]
 """
 
@@ -73,6 +77,14 @@ async def run_worker(port: int, tokens: int, step_s: float) -> None:
     await worker.server.wait_for_termination()  # (held: a collected grpc.aio server stops listening)
 
 
+async def run_mux_worker(port: int, step_s: float) -> None:
+    from bench.mux_floor import serve_worker
+
+    server = await serve_worker(port, step_s)
+    print("ready", flush=True)
+    await server.wait_for_termination()
+
+
 async def run_gateway(worker: str) -> None:
     from tests.unit.gateway_harness import Gateway
 
@@ -102,17 +114,17 @@ async def stream(http: httpx.AsyncClient, tokens: int) -> int:
     return n
 
 
-async def measure(gateways: dict[str, tuple[psutil.Process, str]], worker: psutil.Process, concurrency: int,
+async def measure(gateways: dict[str, tuple[psutil.Process, str, psutil.Process]], concurrency: int,
                   rounds: int, tokens: int) -> dict[str, dict[str, float]]:
     cpu = {name: {"gateway": 0.0, "worker": 0.0, "tokens": 0, "rate": []} for name in gateways}
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    clients = {name: httpx.AsyncClient(base_url=url, timeout=60, limits=limits) for name, (_, url) in gateways.items()}
+    clients = {name: httpx.AsyncClient(base_url=edge[1], timeout=60, limits=limits) for name, edge in gateways.items()}
     try:
         for http in clients.values():  # connections open, code paths warm
             await asyncio.gather(*[stream(http, 4) for _ in range(concurrency)])
         for _ in range(rounds):
             for name, http in clients.items():  # interleaved: drift on the box hits every tree alike
-                proc = gateways[name][0]
+                proc, _, worker = gateways[name]
                 g0, w0, t0 = sum(proc.cpu_times()[:2]), sum(worker.cpu_times()[:2]), time.perf_counter()
                 n = sum(await asyncio.gather(*[stream(http, tokens) for _ in range(concurrency)]))
                 wall = time.perf_counter() - t0
@@ -136,8 +148,19 @@ def main() -> None:
         return uvloop.run(run_worker(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))
     if sys.argv[1:2] == ["gateway"]:
         return asyncio.run(run_gateway(sys.argv[2]))
+    if sys.argv[1:2] in (["floor"], ["mux-floor"]):
+        import uvloop
+
+        from bench import edge_floor, mux_floor
+
+        return uvloop.run((edge_floor.serve if sys.argv[1] == "floor" else mux_floor.serve_edge)(sys.argv[2]))
+    if sys.argv[1:2] == ["mux-worker"]:
+        import uvloop
+
+        return uvloop.run(run_mux_worker(int(sys.argv[2]), float(sys.argv[3])))
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tree", type=Path, action="append", help="a source tree to run a gateway from (default: this one)")
+    p.add_argument("--floor", action="store_true", help="also the floors: bench/edge_floor.py, bench/mux_floor.py")
     p.add_argument("--step-ms", type=float, default=4.0, help="the double's engine step")
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=5)
@@ -155,13 +178,27 @@ def main() -> None:
         if ready != "ready":
             raise RuntimeError("the worker did not start")
         gateways = {}
+        real_worker = psutil.Process(worker.pid)
         for i, tree in enumerate(trees):
             gateway, url = spawn("gateway", f"127.0.0.1:{port}", tree=tree, env=gateway_env())  # as a replica's
             procs.append(gateway)
             if not url.startswith("http"):
                 raise RuntimeError(f"the gateway from {tree} did not start")
-            gateways[f"{i}:{tree}"] = (psutil.Process(gateway.pid), url)
-        table = {str(c): asyncio.run(measure(gateways, psutil.Process(worker.pid), c,
+            gateways[f"{i}:{tree}"] = (psutil.Process(gateway.pid), url, real_worker)
+        if args.floor:
+            mux_port = free_port()
+            mux_worker, ready = spawn("mux-worker", str(mux_port), str(args.step_ms / 1000))
+            procs.append(mux_worker)
+            if ready != "ready":
+                raise RuntimeError("the multiplexing worker did not start")
+            for role, name, address, behind in (("floor", "floor: Infer per request", port, real_worker),
+                                                 ("mux-floor", "floor: multiplexed", mux_port, mux_worker)):
+                edge, url = spawn(role, f"127.0.0.1:{address}", env=gateway_env())
+                procs.append(edge)
+                if not url.startswith("http"):
+                    raise RuntimeError(f"the {name} edge did not start")
+                gateways[name] = (psutil.Process(edge.pid), url, psutil.Process(behind.pid))
+        table = {str(c): asyncio.run(measure(gateways, c,
                                              max(args.rounds, -(-30 // c)), args.tokens)) for c in (1, 8, 32)}
     finally:
         for proc in procs:
