@@ -1,9 +1,9 @@
 """The least a separate Python edge process can spend per streamed token under the platform's
 contract (one worker Infer stream per request, read with grpc.aio): an HTTP/1.1 server on a bare
 asyncio protocol, on uvloop, that reads a request, opens the Infer stream and writes each event as
-one pre-formatted SSE chunk in one transport write. No validation, no middleware, no JSON encoding,
-no routing: a floor to hold the real gateway against (`bench/gateway_cpu.py --floor`), not a server
-to use.
+one pre-formatted SSE chunk in one transport write. No validation, no middleware, no routing, no
+JSON encoding but the delta's text: a floor to hold the real gateway against
+(`bench/gateway_cpu.py --floor`), not a server to use.
 """
 
 from __future__ import annotations
