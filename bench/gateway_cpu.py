@@ -141,23 +141,23 @@ async def measure(gateways: dict[str, tuple[psutil.Process, str, psutil.Process]
                    "tok_s": statistics.median(c["rate"])} for name, c in cpu.items()}
 
 
+def run_role(role: str, args: list[str]) -> None:
+    """One spawned process: the worker, a gateway, or a floor's edge or worker (bench/*_floor.py)."""
+    if role == "gateway":
+        return asyncio.run(run_gateway(args[0]))
+    import uvloop
+
+    from bench import edge_floor, mux_floor
+
+    uvloop.run({"worker": lambda: run_worker(int(args[0]), int(args[1]), float(args[2])),
+                "floor": lambda: edge_floor.serve(args[0]),
+                "mux-floor": lambda: mux_floor.serve_edge(args[0]),
+                "mux-worker": lambda: run_mux_worker(int(args[0]), float(args[1]))}[role]())
+
+
 def main() -> None:
-    if sys.argv[1:2] == ["worker"]:
-        import uvloop
-
-        return uvloop.run(run_worker(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))
-    if sys.argv[1:2] == ["gateway"]:
-        return asyncio.run(run_gateway(sys.argv[2]))
-    if sys.argv[1:2] in (["floor"], ["mux-floor"]):
-        import uvloop
-
-        from bench import edge_floor, mux_floor
-
-        return uvloop.run((edge_floor.serve if sys.argv[1] == "floor" else mux_floor.serve_edge)(sys.argv[2]))
-    if sys.argv[1:2] == ["mux-worker"]:
-        import uvloop
-
-        return uvloop.run(run_mux_worker(int(sys.argv[2]), float(sys.argv[3])))
+    if sys.argv[1:2] and not sys.argv[1].startswith("-"):
+        return run_role(sys.argv[1], sys.argv[2:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tree", type=Path, action="append", help="a source tree to run a gateway from (default: this one)")
     p.add_argument("--floor", action="store_true", help="also the floors: bench/edge_floor.py, bench/mux_floor.py")
@@ -191,20 +191,21 @@ def main() -> None:
             procs.append(mux_worker)
             if ready != "ready":
                 raise RuntimeError("the multiplexing worker did not start")
-            for role, name, address, behind in (("floor", "floor: Infer per request", port, real_worker),
-                                                 ("mux-floor", "floor: multiplexed", mux_port, mux_worker)):
+            for role, name, address, behind in (
+                    ("floor", "floor: Infer per request", port, real_worker),
+                    ("mux-floor", "floor: multiplexed", mux_port, psutil.Process(mux_worker.pid))):
                 edge, url = spawn(role, f"127.0.0.1:{address}", env=gateway_env())
                 procs.append(edge)
                 if not url.startswith("http"):
                     raise RuntimeError(f"the {name} edge did not start")
-                gateways[name] = (psutil.Process(edge.pid), url, psutil.Process(behind.pid))
+                gateways[name] = (psutil.Process(edge.pid), url, behind)
         table = {str(c): asyncio.run(measure(gateways, c,
                                              max(args.rounds, -(-30 // c)), args.tokens)) for c in (1, 8, 32)}
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(10)
-    print(f"{'streams':>7} {'tree':<40} {'tok/s':>7} {'gateway us/tok':>15} {'worker us/tok':>14}")
+    print(f"{'streams':>7} {'edge':<40} {'tok/s':>7} {'gateway us/tok':>15} {'worker us/tok':>14}")
     for c, rows in table.items():
         for name, r in rows.items():
             print(f"{c:>7} {name[-40:]:<40} {r['tok_s']:>7.0f} {r['gateway_cpu_us_per_token']:>15.1f} "
