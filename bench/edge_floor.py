@@ -2,8 +2,11 @@
 contract (one worker Infer stream per request, read with grpc.aio): an HTTP/1.1 server on a bare
 asyncio protocol, on uvloop, that reads a request, opens the Infer stream and writes each event as
 one pre-formatted SSE chunk in one transport write. No validation, no middleware, no routing, no
-JSON encoding but the delta's text: a floor to hold the real gateway against
-(`bench/gateway_cpu.py --floor`), not a server to use.
+JSON encoding but the delta's text and the final usage: a floor to hold the real gateway against
+(`bench/gateway_cpu.py --floor` in front of a worker double, `bench/edge_overhead.py --floor` in
+front of the platform's worker replica), not a server to use.
+
+  .venv/bin/python bench/edge_floor.py HOST:PORT   (the worker; prints the edge's URL)
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import sys
 
 import grpc
+import uvloop
 
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
@@ -76,13 +81,17 @@ class FloorEdge(RequestsProtocol):
         assert self.transport is not None
         rid = f"chatcmpl-{next(ids)}"
         request = pb.InferRequest(request_id=rid, model=body["model"], sampling=pb.SamplingParams(
-            max_tokens=body["max_tokens"]), chat=pb.ChatInput(messages=[
+            max_tokens=body["max_tokens"], ignore_eos=body.get("ignore_eos", False),
+            temperature=body.get("temperature")), chat=pb.ChatInput(messages=[
                 pb.ChatMessage(role=m["role"], content=m["content"]) for m in body["messages"]]))
         write = self.transport.write
         write(HEAD)
         async for event in self.stub.Infer(request):
             if event.HasField("delta"):
                 write(sse(rid, event.delta.text))
+            elif event.HasField("final"):  # the usage chunk, as with stream_options.include_usage
+                write(chunk(b'data: {"id":"%s","choices":[],"usage":{"completion_tokens":%d}}\n\n'
+                            % (rid.encode(), event.final.usage.completion_tokens)))
         write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
 
 
@@ -93,3 +102,6 @@ async def serve(worker: str) -> None:
     print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
     await server.serve_forever()
 
+
+if __name__ == "__main__":
+    uvloop.run(serve(sys.argv[1]))

@@ -3,6 +3,9 @@
   gateway    OpenAI HTTP/SSE -> mship gateway (Serve replica) -> gRPC -> worker replica -> vLLM
   vllm-http  vLLM's own OpenAI server (python -m vllm.entrypoints.openai.api_server)
   grpc       mship's Python client -> worker replica (the internal low-latency path)
+  floor      with --floor: bench/edge_floor.py -> gRPC -> the same worker replica; an edge that does
+             nothing but carry tokens (one Infer stream per request, as the gateway): what any
+             separate edge process keeps of vLLM's throughput under the platform's contract
 
 Prints TTFT p50/p99, inter-token latency p50, throughput, and the server-side CPU each path spends
 per generated token (its own processes, engine included; the gateway's replica also on its own) at
@@ -22,13 +25,15 @@ issue 19: <= 0.2 ms p50 in memory, <= 1 ms with Redis); `--admission-only` stops
 share of the CPU per token the largest it can be; smollm2-135m-instruct is a real model).
 
   .venv/bin/python bench/edge_overhead.py [--model builtin:tiny-qwen2] [--rounds 3] [--tokens 64]
-                                          [--json out.json] [--admission-only]
+                                          [--floor] [--json out.json] [--admission-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import itertools
 import json
 import os
@@ -57,10 +62,12 @@ from tests.platform_process import PlatformProcess, free_port  # noqa: E402
 MODEL, MAX_NUM_SEQS, MAX_MODEL_LEN = "tiny", 32, 1024  # MODEL: the name both stacks serve it under
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
 # which CPU meter holds each path's server stack
-STACK = {"vllm-http": "vllm-server", "gateway": "platform-path", "grpc": "worker-replica"}
+STACK = {"vllm-http": "vllm-server", "gateway": "platform-path", "grpc": "worker-replica",
+         "floor": "floor-path"}
+EDGE = {"gateway": "gateway-replica", "floor": "floor-edge"}  # the meter of a path's separate edge
 # ...and the meters of its front end: the engine's processes are the same on every path
 FRONT_END = {"vllm-http": ("vllm-api-server",), "gateway": ("worker-front-end", "gateway-replica"),
-             "grpc": ("worker-front-end",)}
+             "grpc": ("worker-front-end",), "floor": ("worker-front-end", "floor-edge")}
 
 
 async def sse_stream(http: httpx.AsyncClient, tokens: int) -> tuple[float, list[float], int]:
@@ -153,13 +160,23 @@ async def measure(paths: dict, meters: dict[str, CpuMeter], concurrency: int, ro
     for name, s in samples.items():
         row = {"ttft_p50_ms": statistics.median(s["ttft"]), "ttft_p99_ms": pct(s["ttft"], 99),
                "itl_p50_ms": statistics.median(s["itl"]), "tok_s": statistics.median(s["rate"])}
-        # µs of server CPU per generated token: the path's own stack, and the gateway replica alone
+        # µs of server CPU per generated token: the path's own stack, and a separate edge alone
         row["server_cpu_us_per_token"] = 1e6 * s["cpu"][STACK[name]] / s["tokens"]
         row["front_end_cpu_us_per_token"] = 1e6 * sum(s["cpu"][k] for k in FRONT_END[name]) / s["tokens"]
-        if name == "gateway":
-            row["gateway_cpu_us_per_token"] = 1e6 * s["cpu"]["gateway-replica"] / s["tokens"]
+        if name in EDGE:
+            row["edge_cpu_us_per_token"] = 1e6 * s["cpu"][EDGE[name]] / s["tokens"]
         out[name] = row
     return out
+
+
+def start_server(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    # In this (the bench's) session: with sched_autogroup each session is its own scheduling group,
+    # and a lightly loaded client session waits 100+ ms for a CPU next to a busy server session.
+    # At the niceness Ray gives the platform's processes (15 unless RAY_worker_niceness says
+    # otherwise): the client (nice 0) must not out-prioritise one server stack and not the other.
+    niceness = int(os.environ.get("RAY_worker_niceness", "15"))
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                            preexec_fn=lambda: os.nice(niceness))
 
 
 def start_vllm_server(model_dir: str, port: int, log: Path) -> subprocess.Popen:
@@ -168,12 +185,23 @@ def start_vllm_server(model_dir: str, port: int, log: Path) -> subprocess.Popen:
            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), "--max-model-len",
            str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS), "--enforce-eager", "--enable-prefix-caching",
            "--seed", "0", "--kv-cache-memory-bytes", str(DEFAULT_CPU_KV_CACHE_BYTES)]
-    # In this (the bench's) session: with sched_autogroup each session is its own scheduling group,
-    # and a lightly loaded client session waits 100+ ms for a CPU next to a busy server session.
-    # At the niceness Ray gives the platform's processes (15 unless RAY_worker_niceness says
-    # otherwise): the client (nice 0) must not out-prioritise one server stack and not the other.
-    niceness = int(os.environ.get("RAY_worker_niceness", "15"))
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(niceness))
+    return start_server(cmd, log)
+
+
+def start_floor(platform: PlatformProcess, log: Path) -> tuple[subprocess.Popen, str]:
+    """bench/edge_floor.py in front of the platform's worker replica, with a gateway replica's
+    environment; returns it and its URL."""
+    from services.launcher import gateway_env
+
+    endpoint = platform.replicas(MODEL)[0].endpoint
+    floor = start_server([sys.executable, str(ROOT / "bench" / "edge_floor.py"), f"{endpoint.host}:{endpoint.port}"],
+                         log, gateway_env())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and floor.poll() is None:
+        if url := next((line for line in log.read_text().splitlines() if line.startswith("http")), None):
+            return floor, url
+        time.sleep(0.1)
+    raise RuntimeError(f"the floor edge did not start: {log.read_text()[-2000:]}")
 
 
 def wait_http(url: str, server: subprocess.Popen, timeout_s: float = 600) -> None:
@@ -190,23 +218,27 @@ def wait_http(url: str, server: subprocess.Popen, timeout_s: float = 600) -> Non
     raise TimeoutError(url)
 
 
-def cpu_meters(platform: PlatformProcess, server: subprocess.Popen) -> dict[str, CpuMeter]:
+def cpu_meters(platform: PlatformProcess, server: subprocess.Popen,
+               floor: subprocess.Popen | None) -> dict[str, CpuMeter]:
     gateway, worker = platform.find("ServeReplica:mship-gateway"), platform.find(f"ServeReplica:mship-model-{MODEL}")
     api_server = psutil.Process(server.pid)
-    return {"vllm-server": CpuMeter([api_server]), "gateway-replica": CpuMeter(gateway),
+    floor_edge = [psutil.Process(floor.pid)] if floor else []
+    return {"floor-edge": CpuMeter(floor_edge), "floor-path": CpuMeter(worker + floor_edge),
+            "vllm-server": CpuMeter([api_server]), "gateway-replica": CpuMeter(gateway),
             "worker-replica": CpuMeter(worker), "platform-path": CpuMeter(gateway + worker),
             "vllm-api-server": CpuMeter([api_server], children=False),
             "worker-front-end": CpuMeter(worker, children=False)}
 
 
-async def run(args: argparse.Namespace, platform: PlatformProcess, vllm_port: int,
+async def run(args: argparse.Namespace, platform: PlatformProcess, vllm_port: int, floor_url: str | None,
               meters: dict[str, CpuMeter]) -> dict:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=platform.base_url, timeout=120, limits=limits) as gw, \
-            httpx.AsyncClient(base_url=f"http://127.0.0.1:{vllm_port}", timeout=120, limits=limits) as vl, \
-            MshipClient(platform.coordinator) as client:
-        paths = {"vllm-http": lambda n: sse_stream(vl, n), "gateway": lambda n: sse_stream(gw, n),
-                 "grpc": lambda n: grpc_stream(client, n)}
+    urls = {"vllm-http": f"http://127.0.0.1:{vllm_port}", "gateway": platform.base_url, "floor": floor_url}
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(MshipClient(platform.coordinator))
+        paths = {name: functools.partial(sse_stream, await stack.enter_async_context(
+            httpx.AsyncClient(base_url=url, timeout=120, limits=limits))) for name, url in urls.items() if url}
+        paths["grpc"] = functools.partial(grpc_stream, client)
         quiet = Quiet()  # before any traffic: every engine has been idle since it started
         await measure(paths, meters, 4, 5, 16, quiet)  # warm up connections and the engines
         # At least ~30 TTFT samples per path at every concurrency: a p50 of 3 says nothing.
@@ -219,6 +251,8 @@ def main() -> None:
     p.add_argument("--model", default="builtin:tiny-qwen2", help="the builtin both stacks serve")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--floor", action="store_true",
+                   help="also bench/edge_floor.py (an edge that only carries tokens) in front of the same worker")
     p.add_argument("--json", type=Path)
     p.add_argument("--admission-only", action="store_true",
                    help="only what API keys and rate limits add (bench/admission_overhead.py), no vLLM")
@@ -237,13 +271,18 @@ def main() -> None:
     platform = PlatformProcess.start(tmp / "models.yaml", tmp / "mship.log", gateway_replicas=1)
     vllm_port = free_port()
     server = start_vllm_server(model_dir, vllm_port, tmp / "vllm.log")
+    floor = floor_url = None
     try:
         platform.wait_ready()
         wait_http(f"http://127.0.0.1:{vllm_port}/health", server)
-        table = asyncio.run(run(args, platform, vllm_port, cpu_meters(platform, server)))
+        if args.floor:
+            floor, floor_url = start_floor(platform, tmp / "floor.log")
+        table = asyncio.run(run(args, platform, vllm_port, floor_url, cpu_meters(platform, server, floor)))
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(30)
+        for proc in (server, floor):
+            if proc is not None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(30)
         platform.stop()
     print(f"{'streams':>7} {'path':<10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'ITL p50 ms':>11} {'tok/s':>9} "
           f"{'server CPU us/tok':>18} {'front end us/tok':>17}")
@@ -252,16 +291,18 @@ def main() -> None:
         for name, r in rows.items():
             print(f"{c:>7} {name:<10} {r['ttft_p50_ms']:>12.2f} {r['ttft_p99_ms']:>12.2f} {r['itl_p50_ms']:>11.2f} "
                   f"{r['tok_s']:>9.0f} {r['server_cpu_us_per_token']:>18.0f} {r['front_end_cpu_us_per_token']:>17.0f}")
-        base, gw, grpc_ = rows["vllm-http"], rows["gateway"], rows["grpc"]
-        summary[c] = {"gateway_ttft_p50_added_ms": gw["ttft_p50_ms"] - base["ttft_p50_ms"],
-                      "gateway_ttft_p99_added_ms": gw["ttft_p99_ms"] - base["ttft_p99_ms"],
-                      "gateway_throughput_ratio": gw["tok_s"] / base["tok_s"],
-                      "grpc_ttft_p50_vs_vllm_http_ms": grpc_["ttft_p50_ms"] - base["ttft_p50_ms"],
-                      "gateway_replica_cpu_us_per_token": gw["gateway_cpu_us_per_token"]}
-        print(f"{c:>7} gateway vs vLLM server: TTFT p50 {summary[c]['gateway_ttft_p50_added_ms']:+.2f} ms, "
-              f"p99 {summary[c]['gateway_ttft_p99_added_ms']:+.2f} ms, throughput "
-              f"{100 * summary[c]['gateway_throughput_ratio']:.1f}%; the gateway replica spends "
-              f"{summary[c]['gateway_replica_cpu_us_per_token']:.0f} us CPU per token")
+        base, grpc_ = rows["vllm-http"], rows["grpc"]
+        summary[c] = {"grpc_ttft_p50_vs_vllm_http_ms": grpc_["ttft_p50_ms"] - base["ttft_p50_ms"]}
+        for name in (n for n in EDGE if n in rows):
+            edge = rows[name]
+            summary[c] |= {f"{name}_ttft_p50_added_ms": edge["ttft_p50_ms"] - base["ttft_p50_ms"],
+                           f"{name}_ttft_p99_added_ms": edge["ttft_p99_ms"] - base["ttft_p99_ms"],
+                           f"{name}_throughput_ratio": edge["tok_s"] / base["tok_s"],
+                           f"{name}_edge_cpu_us_per_token": edge["edge_cpu_us_per_token"]}
+            print(f"{c:>7} {name} vs vLLM server: TTFT p50 {summary[c][f'{name}_ttft_p50_added_ms']:+.2f} ms, "
+                  f"p99 {summary[c][f'{name}_ttft_p99_added_ms']:+.2f} ms, throughput "
+                  f"{100 * summary[c][f'{name}_throughput_ratio']:.1f}%; its edge spends "
+                  f"{edge['edge_cpu_us_per_token']:.0f} us CPU per token")
     if args.json:
         write_json(args.json, args, table=table, summary=summary, admission=admission)
 
