@@ -15,7 +15,7 @@ from starlette.requests import ClientDisconnect
 
 from services.gateway.chat.protocol import parse_chat_request
 from services.gateway.chat.protocol_output import ChatStreamEncoder
-from services.gateway.edge.disconnect import unless_disconnected
+from services.gateway.edge.disconnect import ClientDisconnected, unless_disconnected
 from services.gateway.edge.sse import EventStreamResponse
 from services.gateway.responses.protocol import parse_response_request
 from services.gateway.responses.protocol_events import ResponseStreamEncoder
@@ -101,6 +101,53 @@ async def test_a_handler_cancelled_as_its_work_finished_closes_the_result():
     with pytest.raises(asyncio.CancelledError):
         await handler
     assert generation.closed == 1
+
+
+async def test_a_result_that_comes_back_after_the_client_left_is_closed():
+    generation = FakeGeneration()
+    left = asyncio.Event()
+
+    class Leaving:
+        async def receive(self) -> dict[str, Any]:
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+    async def work() -> FakeGeneration:
+        left.set()
+        try:
+            await asyncio.Event().wait()  # cancelled when the client leaves...
+        except asyncio.CancelledError:
+            pass  # ...but the call hands back its result all the same
+        return generation
+
+    with pytest.raises(ClientDisconnected):
+        await unless_disconnected(Leaving(), work())
+    assert generation.closed == 1
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]  # the cancel was taken back
+
+
+async def test_an_event_stream_whose_client_left_mid_stream_ends_and_is_released():
+    released, bodies = [], []
+    left = asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"data: 1\n\n"
+        await asyncio.Event().wait()  # the next token never comes
+        yield b"data: 2\n\n"  # pragma: no cover
+
+    async def receive() -> dict[str, Any]:
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            bodies.append(message["body"])
+            left.set()  # the client leaves after the first chunk (uvicorn: later sends do nothing)
+
+    scope = {"type": "http", "asgi": {"spec_version": "2.3"}, "method": "POST", "path": "/", "headers": []}
+    await EventStreamResponse(body(), release=lambda: released.append(True))(scope, receive, send)
+    assert bodies == [b"data: 1\n\n"] and released == [True]
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
 
 
 class ScriptedGeneration(FakeGeneration):

@@ -1,12 +1,16 @@
-"""Client disconnects while waiting: cancel the work (and so the engine request) at once."""
+"""Client disconnects while waiting or streaming: cancel the work (and so the engine request) at
+once. The work runs in the caller's own task and one watcher task cancels it: one task more per
+wait, not a task for the work beside the watcher (nor, for a streamed body, Starlette's anyio task
+group: under uvicorn's ASGI 2.3 a send to a client that has gone raises nothing)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+Receive = Callable[[], Awaitable[Any]]
 
 
 class ClientDisconnected(Exception):
@@ -19,36 +23,42 @@ class Receiver(Protocol):
     async def receive(self) -> Any: ...
 
 
-async def _disconnected(request: Receiver) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def unless_disconnected(request: Receiver, work: Awaitable[T]) -> T:
     """Await `work`, cancelling it if the HTTP client disconnects first (also before any byte), or
     if this waiter is itself cancelled (the server cancelled the handler): the work never outlives
     its handler, so a worker call it opened is cancelled and its endpoint count released."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    return await until_disconnect(request.receive, work)
+
+
+async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """`work`, awaited in this task; ClientDisconnected once `receive` reports `http.disconnect`
+    (the work cancelled, its cleanup done). A result that comes back although this task was
+    cancelled meanwhile has nobody to use it: it is closed, if it can be."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone, cancels = False, task.cancelling()
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        await _discard(task)
+        result = await work
+    except asyncio.CancelledError:
+        if gone and task.uncancel() == cancels:  # the watcher's cancel, and no one else's
+            raise ClientDisconnected() from None
         raise
     finally:
         watcher.cancel()
-    if task in done:
-        return task.result()
-    await _discard(task)
-    raise ClientDisconnected()
-
-
-async def _discard(task: asyncio.Future[Any]) -> None:
-    """Stop `task` and wait for it to end (without taking this task's own cancellation). A result
-    it produced anyway (it won the race) has nobody to use it: it is closed, if it can be."""
-    task.cancel()
-    await asyncio.wait({task})
-    if not task.cancelled() and task.exception() is None:
-        close = getattr(task.result(), "close", None)
+    if task.cancelling() > cancels:  # cancelled as the work finished: the result goes unused
+        close = getattr(result, "close", None)
         if callable(close):
             close()
+        if gone and task.uncancel() == cancels:
+            raise ClientDisconnected()
+        raise asyncio.CancelledError()
+    return result

@@ -8,22 +8,25 @@ import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
+from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from services.gateway.edge.disconnect import ClientDisconnected, until_disconnect
+
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # built once: a chunk per token
 
 
 def sse_event(obj: Any) -> bytes:
     """One server-sent event: `data: <json>\\n\\n`."""
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _encode(obj).encode() + b"\n\n"
 
 
 def sse_response_event(event: Mapping[str, Any]) -> bytes:
     """One Responses event with its `event:` line."""
-    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {event['type']}\ndata: {data}\n\n".encode()
+    return f"event: {event['type']}\ndata: {_encode(event)}\n\n".encode()
 
 
 class Batches(Protocol):
@@ -47,8 +50,9 @@ async def sse_response_stream(batches: Batches) -> AsyncIterator[bytes]:
 
 class ReleasingResponse(StreamingResponse):
     """A streamed response that calls `release` when it ends, however it ends. A client that leaves
-    before the first byte makes Starlette skip the body, whose own `finally` then never runs:
-    without this, the worker call it streams would stay open (and its endpoint count held)."""
+    before the first byte skips the body, whose own `finally` then never runs: without this, the
+    worker call it streams would stay open (and its endpoint count held). The body streams in the
+    handler's task, cancelled when the client disconnects (`until_disconnect`)."""
 
     def __init__(self, body: AsyncIterator[bytes], release: Callable[[], None], media_type: str,
                  headers: Mapping[str, str]) -> None:
@@ -57,7 +61,11 @@ class ReleasingResponse(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await until_disconnect(receive, self.stream_response(send))
+        except ClientDisconnected:
+            pass
+        except OSError as e:  # a server that raises on a send to a client gone (ASGI 2.4)
+            raise ClientDisconnect() from e
         finally:
             self._release()
 
