@@ -62,7 +62,8 @@ def infer(request_id: str) -> pb.InferRequest:
 async def test_a_cancelled_handler_cancels_the_worker_call(worker):
     served, table = worker
     endpoint = table.routes[MODEL].endpoints[0]
-    handler = asyncio.ensure_future(unless_disconnected(HttpRequest(), open_infer(table, MODEL, infer("r-cancel"))))
+    work = open_infer(table, MODEL, infer("r-cancel"))
+    handler = asyncio.ensure_future(unless_disconnected(HttpRequest().receive, work))
     await until(lambda: "r-cancel" in served.engine.started, "the engine to start the request")
     assert endpoint.outstanding == 1
     handler.cancel()
@@ -76,7 +77,7 @@ async def test_a_disconnect_cancels_the_worker_call(worker):
     served, table = worker
     endpoint = table.routes[MODEL].endpoints[0]
     http = HttpRequest()
-    handler = asyncio.ensure_future(unless_disconnected(http, open_infer(table, MODEL, infer("r-gone"))))
+    handler = asyncio.ensure_future(unless_disconnected(http.receive, open_infer(table, MODEL, infer("r-gone"))))
     await until(lambda: "r-gone" in served.engine.started, "the engine to start the request")
     http.disconnect()
     with pytest.raises(ClientDisconnected):
@@ -88,7 +89,7 @@ async def test_a_disconnect_cancels_the_worker_call(worker):
 async def test_the_work_result_is_returned(worker):
     served, table = worker
     served.engine.first_hold.set()
-    stream = await unless_disconnected(HttpRequest(), open_infer(table, MODEL, infer("r-ok")))
+    stream = await unless_disconnected(HttpRequest().receive, open_infer(table, MODEL, infer("r-ok")))
     try:
         assert [e async for e in stream][-1].HasField("final")
     finally:

@@ -97,7 +97,7 @@ async def test_a_handler_cancelled_as_its_work_finished_closes_the_result():
         handler.cancel()  # the handler is cancelled, and then the work returns its open call
         return generation
 
-    handler = asyncio.ensure_future(unless_disconnected(Connected(), work()))
+    handler = asyncio.ensure_future(unless_disconnected(Connected().receive, work()))
     with pytest.raises(asyncio.CancelledError):
         await handler
     assert generation.closed == 1
@@ -121,7 +121,7 @@ async def test_a_result_that_comes_back_after_the_client_left_is_closed():
         return generation
 
     with pytest.raises(ClientDisconnected):
-        await unless_disconnected(Leaving(), work())
+        await unless_disconnected(Leaving().receive, work())
     assert generation.closed == 1
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]  # the cancel was taken back
 

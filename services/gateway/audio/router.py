@@ -50,7 +50,7 @@ def audio_router(speech: SpeechServing, transcriptions: TranscriptionServing) ->
     async def create_speech(request: Request) -> Response:
         try:
             return respond(await speech.create(await request.body(), caller_of(request),
-                                               lambda work: unless_disconnected(request, work)))
+                                               lambda work: unless_disconnected(request.receive, work)))
         except (ClientDisconnected, ClientDisconnect):
             return Response(status_code=CLIENT_CLOSED)
 
@@ -58,7 +58,7 @@ def audio_router(speech: SpeechServing, transcriptions: TranscriptionServing) ->
         try:
             form = await read_form(request)
             return respond(await transcriptions.create(form, caller_of(request),
-                                                       lambda work: unless_disconnected(request, work)))
+                                                       lambda work: unless_disconnected(request.receive, work)))
         except (ClientDisconnected, ClientDisconnect):
             return Response(status_code=CLIENT_CLOSED)
 

@@ -49,7 +49,7 @@ async def watched(request: Request, method: ServingMethod) -> Response:
     """Call `method` (body, caller, guard) with the client's disconnect watched: 499 once it is gone."""
     try:
         return answer(await method(await request.body(), caller_of(request),
-                                   lambda work: unless_disconnected(request, work)))
+                                   lambda work: unless_disconnected(request.receive, work)))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
 

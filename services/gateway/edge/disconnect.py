@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[Any]]
@@ -17,23 +17,13 @@ class ClientDisconnected(Exception):
     pass
 
 
-class Receiver(Protocol):
-    """The part of a Starlette request this reads."""
-
-    async def receive(self) -> Any: ...
-
-
-async def unless_disconnected(request: Receiver, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it if the HTTP client disconnects first (also before any byte), or
-    if this waiter is itself cancelled (the server cancelled the handler): the work never outlives
-    its handler, so a worker call it opened is cancelled and its endpoint count released."""
-    return await until_disconnect(request.receive, work)
-
-
-async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
-    """`work`, awaited in this task; ClientDisconnected once `receive` reports `http.disconnect`
-    (the work cancelled, its cleanup done). A result that comes back although this task was
-    cancelled meanwhile has nobody to use it: it is closed, if it can be."""
+async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
+    """Await `work` in this task; ClientDisconnected once the ASGI `receive` reports
+    `http.disconnect` (also before any byte), the work cancelled and its cleanup done. If this task
+    is itself cancelled (the server cancelled the handler) the work is cancelled with it: it never
+    outlives its handler, so a worker call it opened is cancelled and its endpoint count released.
+    A result that comes back although the task was cancelled meanwhile has nobody to use it: it is
+    closed, if it can be."""
     task = asyncio.current_task()
     assert task is not None
     gone, cancels = False, task.cancelling()
@@ -48,17 +38,15 @@ async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
     watcher = asyncio.ensure_future(watch())
     try:
         result = await work
+        if task.cancelling() > cancels:  # cancelled as the work finished: the result goes unused
+            close = getattr(result, "close", None)
+            if callable(close):
+                close()
+            raise asyncio.CancelledError()
+        return result
     except asyncio.CancelledError:
         if gone and task.uncancel() == cancels:  # the watcher's cancel, and no one else's
             raise ClientDisconnected() from None
         raise
     finally:
         watcher.cancel()
-    if task.cancelling() > cancels:  # cancelled as the work finished: the result goes unused
-        close = getattr(result, "close", None)
-        if callable(close):
-            close()
-        if gone and task.uncancel() == cancels:
-            raise ClientDisconnected()
-        raise asyncio.CancelledError()
-    return result

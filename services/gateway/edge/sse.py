@@ -12,7 +12,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from services.gateway.edge.disconnect import ClientDisconnected, until_disconnect
+from services.gateway.edge.disconnect import ClientDisconnected, unless_disconnected
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -52,7 +52,7 @@ class ReleasingResponse(StreamingResponse):
     """A streamed response that calls `release` when it ends, however it ends. A client that leaves
     before the first byte skips the body, whose own `finally` then never runs: without this, the
     worker call it streams would stay open (and its endpoint count held). The body streams in the
-    handler's task, cancelled when the client disconnects (`until_disconnect`)."""
+    handler's task, cancelled when the client disconnects (`unless_disconnected`)."""
 
     def __init__(self, body: AsyncIterator[bytes], release: Callable[[], None], media_type: str,
                  headers: Mapping[str, str]) -> None:
@@ -61,7 +61,7 @@ class ReleasingResponse(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await until_disconnect(receive, self.stream_response(send))
+            await unless_disconnected(receive, self.stream_response(send))
         except ClientDisconnected:
             pass
         except OSError as e:  # a server that raises on a send to a client gone (ASGI 2.4)
