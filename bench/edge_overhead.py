@@ -6,6 +6,8 @@
   floor      with --floor: bench/edge_floor.py -> gRPC -> the same worker replica; an edge that does
              nothing but carry tokens (one Infer stream per request, as the gateway): what any
              separate edge process keeps of vLLM's throughput under the platform's contract
+  vllm-again with --aa: vLLM's server once more, as a path of its own: how far the measure moves
+             between two paths that are the same (the noise the shares must be read against)
 
 Prints TTFT p50/p99, inter-token latency p50, throughput, and the server-side CPU each path spends
 per generated token (its own processes, engine included; the gateway's replica also on its own) at
@@ -25,7 +27,7 @@ issue 19: <= 0.2 ms p50 in memory, <= 1 ms with Redis); `--admission-only` stops
 share of the CPU per token the largest it can be; smollm2-135m-instruct is a real model).
 
   .venv/bin/python bench/edge_overhead.py [--model builtin:tiny-qwen2] [--rounds 3] [--tokens 64]
-                                          [--floor] [--json out.json] [--admission-only]
+                                          [--floor] [--aa] [--json out.json] [--admission-only]
 """
 
 from __future__ import annotations
@@ -62,11 +64,12 @@ from tests.platform_process import PlatformProcess, free_port  # noqa: E402
 MODEL, MAX_NUM_SEQS, MAX_MODEL_LEN = "tiny", 32, 1024  # MODEL: the name both stacks serve it under
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
 # which CPU meter holds each path's server stack
-STACK = {"vllm-http": "vllm-server", "gateway": "platform-path", "grpc": "worker-replica",
-         "floor": "floor-path"}
+STACK = {"vllm-http": "vllm-server", "vllm-again": "vllm-server", "gateway": "platform-path",
+         "grpc": "worker-replica", "floor": "floor-path"}
 EDGE = {"gateway": "gateway-replica", "floor": "floor-edge"}  # the meter of a path's separate edge
 # ...and the meters of its front end: the engine's processes are the same on every path
-FRONT_END = {"vllm-http": ("vllm-api-server",), "gateway": ("worker-front-end", "gateway-replica"),
+FRONT_END = {"vllm-http": ("vllm-api-server",), "vllm-again": ("vllm-api-server",),
+             "gateway": ("worker-front-end", "gateway-replica"),
              "grpc": ("worker-front-end",), "floor": ("worker-front-end", "floor-edge")}
 
 
@@ -159,7 +162,8 @@ async def measure(paths: dict, meters: dict[str, CpuMeter], concurrency: int, ro
     out = {}
     for name, s in samples.items():
         row = {"ttft_p50_ms": statistics.median(s["ttft"]), "ttft_p99_ms": pct(s["ttft"], 99),
-               "itl_p50_ms": statistics.median(s["itl"]), "tok_s": statistics.median(s["rate"])}
+               "itl_p50_ms": statistics.median(s["itl"]), "tok_s": statistics.median(s["rate"]),
+               "round_tok_s": s["rate"]}
         # µs of server CPU per generated token: the path's own stack, and a separate edge alone
         row["server_cpu_us_per_token"] = 1e6 * s["cpu"][STACK[name]] / s["tokens"]
         row["front_end_cpu_us_per_token"] = 1e6 * sum(s["cpu"][k] for k in FRONT_END[name]) / s["tokens"]
@@ -167,6 +171,13 @@ async def measure(paths: dict, meters: dict[str, CpuMeter], concurrency: int, ro
             row["edge_cpu_us_per_token"] = 1e6 * s["cpu"][EDGE[name]] / s["tokens"]
         out[name] = row
     return out
+
+
+def throughput_ratio(path: dict, base: dict) -> float:
+    """A path's throughput as a share of the base's: the median over rounds of the two rates measured
+    next to each other in the same round. A ratio of medians lets the box's drift between rounds
+    (10–30 points here, vLLM's server against itself) into the share; pairing within a round leaves most of it out."""
+    return statistics.median(a / b for a, b in zip(path["round_tok_s"], base["round_tok_s"], strict=True))
 
 
 def start_server(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -233,7 +244,8 @@ def cpu_meters(platform: PlatformProcess, server: subprocess.Popen,
 async def run(args: argparse.Namespace, platform: PlatformProcess, vllm_port: int, floor_url: str | None,
               meters: dict[str, CpuMeter]) -> dict:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    urls = {"vllm-http": f"http://127.0.0.1:{vllm_port}", "gateway": platform.base_url, "floor": floor_url}
+    urls = {"vllm-http": f"http://127.0.0.1:{vllm_port}", "gateway": platform.base_url, "floor": floor_url,
+            "vllm-again": f"http://127.0.0.1:{vllm_port}" if args.aa else None}
     async with contextlib.AsyncExitStack() as stack:
         client = await stack.enter_async_context(MshipClient(platform.coordinator))
         paths = {name: functools.partial(sse_stream, await stack.enter_async_context(
@@ -253,6 +265,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--floor", action="store_true",
                    help="also bench/edge_floor.py (an edge that only carries tokens) in front of the same worker")
+    p.add_argument("--aa", action="store_true",
+                   help="also vLLM's server a second time, as a path of its own (the measure's own noise)")
     p.add_argument("--json", type=Path)
     p.add_argument("--admission-only", action="store_true",
                    help="only what API keys and rate limits add (bench/admission_overhead.py), no vLLM")
@@ -293,11 +307,15 @@ def main() -> None:
                   f"{r['tok_s']:>9.0f} {r['server_cpu_us_per_token']:>18.0f} {r['front_end_cpu_us_per_token']:>17.0f}")
         base, grpc_ = rows["vllm-http"], rows["grpc"]
         summary[c] = {"grpc_ttft_p50_vs_vllm_http_ms": grpc_["ttft_p50_ms"] - base["ttft_p50_ms"]}
+        if "vllm-again" in rows:
+            summary[c]["vllm_again_throughput_ratio"] = throughput_ratio(rows["vllm-again"], base)
+            print(f"{c:>7} vllm-again vs vLLM server (the same server): throughput "
+                  f"{100 * summary[c]['vllm_again_throughput_ratio']:.1f}%")
         for name in (n for n in EDGE if n in rows):
             edge = rows[name]
             summary[c] |= {f"{name}_ttft_p50_added_ms": edge["ttft_p50_ms"] - base["ttft_p50_ms"],
                            f"{name}_ttft_p99_added_ms": edge["ttft_p99_ms"] - base["ttft_p99_ms"],
-                           f"{name}_throughput_ratio": edge["tok_s"] / base["tok_s"],
+                           f"{name}_throughput_ratio": throughput_ratio(edge, base),
                            f"{name}_edge_cpu_us_per_token": edge["edge_cpu_us_per_token"]}
             print(f"{c:>7} {name} vs vLLM server: TTFT p50 {summary[c][f'{name}_ttft_p50_added_ms']:+.2f} ms, "
                   f"p99 {summary[c][f'{name}_ttft_p99_added_ms']:+.2f} ms, throughput "
