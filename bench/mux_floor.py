@@ -100,23 +100,29 @@ class MuxReader:
 
     async def run(self) -> None:
         call = self.channel.stream_stream(METHOD)(self._requests())
-        streams, size = self.streams, FRAME.size
+        streams, size, write = self.streams, FRAME.size, self.write
         async for message in call:
             at = 0
             while at < len(message):
                 sid, last, n = FRAME.unpack_from(message, at)
-                text = message[at + size:at + size + n].decode()
+                text = message[at + size:at + size + n]
                 at += size + n
                 transport, rid = streams[sid]
                 if last:
                     del streams[sid]
-                    transport.write(sse(rid, text) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-                else:
-                    transport.write(sse(rid, text))
+                write(transport, rid, last, text)
+
+    @staticmethod
+    def write(transport: asyncio.Transport, rid: str, last: bool, text: bytes) -> None:
+        """One frame to its client: the delta, and after the last the end of the stream."""
+        if last:
+            transport.write(sse(rid, text.decode()) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        else:
+            transport.write(sse(rid, text.decode()))
 
 
-async def serve_edge(worker: str) -> None:
-    mux = MuxReader(worker)
+async def serve_edge(worker: str, reader: type[MuxReader] = MuxReader) -> None:
+    mux = reader(worker)
     reader = asyncio.ensure_future(mux.run())
     server = await asyncio.get_running_loop().create_server(lambda: MuxEdge(mux), "127.0.0.1", 0)
     print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)

@@ -5,8 +5,8 @@ tiny-qwen2 through the platform's own `WorkerServicer` (vLLM's AsyncLLM, the sam
 and events as a worker replica) on two transports at once:
   floor  bench/edge_floor.py: one Infer stream per request (the platform's contract)
   mux    the same servicer's Infer streams, multiplexed: one gRPC stream per edge carries every
-         request's deltas, whatever is ready sent as one message (bench/mux_floor.py's wire format,
-         the final frame's text being the completion token count)
+         request's deltas, whatever is ready sent as one message (bench/mux_floor.py's wire format
+         and edge; the final frame's text is the completion token count)
 beside vLLM's own OpenAI server, interleaved in one run (bench/edge_overhead.py's client, meters
 and quiet waits). Both edges are bench toys that only carry tokens, at the replicas' niceness and
 with a gateway replica's environment: the floor of what any separate edge keeps of vLLM's
@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -40,11 +41,13 @@ import psutil  # noqa: E402
 import uvloop  # noqa: E402
 
 from bench import edge_overhead as eo  # noqa: E402
-from bench.edge_floor import HEAD, RequestsProtocol, chunk, sse  # noqa: E402
-from bench.mux_floor import FRAME, METHOD, OPEN  # noqa: E402
+from bench.edge_floor import chunk, sse  # noqa: E402
+from bench.mux_floor import FRAME, OPEN, MuxReader, serve_edge  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from mship.worker.v1 import worker_pb2 as pb  # noqa: E402
-from services.common.routes import CHANNEL_OPTIONS  # noqa: E402
+
+if TYPE_CHECKING:
+    from services.worker.servicer import WorkerServicer
 
 eo.STACK["mux"], eo.EDGE["mux"], eo.FRONT_END["mux"] = "mux-path", "mux-edge", ("worker-front-end", "mux-edge")
 
@@ -56,7 +59,7 @@ def infer_request(rid: str, max_tokens: int) -> pb.InferRequest:
             pb.ChatMessage(role=m["role"], content=m["content"]) for m in eo.MESSAGES]))
 
 
-def mux_handler(servicer):
+def mux_handler(servicer: WorkerServicer) -> grpc.GenericRpcHandler:
     """Each opened request runs the servicer's own Infer; the stream sends all frames that are ready
     as one message (an engine step wakes every request at once, so: one message per step)."""
     ids = itertools.count()
@@ -120,59 +123,15 @@ async def serve_worker(model: str) -> None:
     await worker.stop(grace_s=1)
 
 
-# ---- the multiplexed edge -----------------------------------------------------------------------
-class MuxEdge(RequestsProtocol):
-    def __init__(self, mux: MuxReader) -> None:
-        super().__init__()
-        self.mux = mux
-
-    def request(self, body: dict) -> None:
-        assert self.transport is not None
-        self.transport.write(HEAD)
-        self.mux.open(self.transport, body["max_tokens"])
-
-
-class MuxReader:
-    """The one stream to the worker; its reader writes each frame straight to its client."""
-
-    def __init__(self, worker: str) -> None:
-        self.channel = grpc.aio.insecure_channel(worker, options=CHANNEL_OPTIONS)
-        self.outbox: asyncio.Queue[bytes] = asyncio.Queue()
-        self.streams: dict[int, tuple[asyncio.Transport, str]] = {}
-        self.ids = itertools.count()
-
-    def open(self, transport: asyncio.Transport, max_tokens: int) -> None:
-        sid = next(self.ids)
-        self.streams[sid] = (transport, f"chatcmpl-{sid}")
-        self.outbox.put_nowait(OPEN.pack(sid, max_tokens))
-
-    async def _requests(self) -> AsyncIterator[bytes]:
-        while True:
-            yield await self.outbox.get()
-
-    async def run(self) -> None:
-        streams, size = self.streams, FRAME.size
-        async for message in self.channel.stream_stream(METHOD)(self._requests()):
-            at = 0
-            while at < len(message):
-                sid, last, n = FRAME.unpack_from(message, at)
-                text = message[at + size:at + size + n]
-                at += size + n
-                transport, rid = streams[sid]
-                if last:  # text: the completion token count, for the usage chunk the bench counts by
-                    del streams[sid]
-                    transport.write(chunk(b'data: {"id":"%s","choices":[],"usage":{"completion_tokens":%s}}\n\n'
-                                          % (rid.encode(), text)) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-                else:
-                    transport.write(sse(rid, text.decode()))
-
-
-async def serve_edge(worker: str) -> None:
-    mux = MuxReader(worker)
-    reader = asyncio.ensure_future(mux.run())
-    server = await asyncio.get_running_loop().create_server(lambda: MuxEdge(mux), "127.0.0.1", 0)
-    print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
-    await asyncio.gather(server.serve_forever(), reader)
+# ---- the multiplexed edge: bench/mux_floor.py's, with the usage chunk the bench counts tokens by --
+class CountingMuxReader(MuxReader):
+    @staticmethod
+    def write(transport: asyncio.Transport, rid: str, last: bool, text: bytes) -> None:
+        if last:  # text: the completion token count
+            transport.write(chunk(b'data: {"id":"%s","choices":[],"usage":{"completion_tokens":%s}}\n\n'
+                                  % (rid.encode(), text)) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        else:
+            transport.write(sse(rid, text.decode()))
 
 
 # ---- the bench ----------------------------------------------------------------------------------
@@ -198,7 +157,7 @@ def main() -> None:
     if args.serve_worker:
         return asyncio.run(serve_worker(args.model))
     if args.serve_edge:
-        return uvloop.run(serve_edge(args.serve_edge))
+        return uvloop.run(serve_edge(args.serve_edge, CountingMuxReader))
     from services.launcher import gateway_env
     from services.worker.builtin import resolve_model_ref
 
