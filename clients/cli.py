@@ -11,7 +11,9 @@ import itertools
 import os
 import signal
 import sys
+import threading
 import time
+from typing import Any
 
 import grpc
 
@@ -93,17 +95,19 @@ def deploy(args: argparse.Namespace, stub: coordinator_pb2_grpc.CoordinatorStub,
     stream = stub.Deploy(request, wait_for_ready=False)
     if args.wait:
         first = None
-        try:
-            events = iter(stream)
-            first = next(events)
-            return follow_deploy(itertools.chain([first], events))
-        except KeyboardInterrupt as e:  # stop following; the deploy goes on
-            stream.cancel()
-            where = f" (mship deploy --status {first.deploy_id})" if first else ""
-            print(f"stopped following; the deploy continues{where}", file=sys.stderr)
-            # SIGTERM is a supervisor's (a Kubernetes Job's pod evicted): not a finished deploy, and a
-            # retry re-attaches (exit 3, as for an unreachable coordinator); Ctrl-C is a person's choice
-            return EXIT_UNREACHABLE if isinstance(e, Terminated) else EXIT_OK
+        with StopFollowing(stream) as stop:
+            try:
+                events = iter(stream)
+                first = next(events)
+                return follow_deploy(itertools.chain([first], events))
+            except grpc.RpcError:
+                if stop.signum is None:
+                    raise
+        where = f" (mship deploy --status {first.deploy_id})" if first else ""
+        print(f"stopped following; the deploy continues{where}", file=sys.stderr)
+        # SIGTERM is a supervisor's (a Kubernetes Job's pod evicted): not a finished deploy, and a
+        # retry re-attaches (exit 3, as for an unreachable coordinator); Ctrl-C is a person's choice
+        return EXIT_UNREACHABLE if stop.signum == signal.SIGTERM else EXIT_OK
     first = next(iter(stream))
     stream.cancel()
     print(f"deploy {first.deploy_id} started" + (f" ({first.message})" if first.message else "") +
@@ -111,12 +115,27 @@ def deploy(args: argparse.Namespace, stub: coordinator_pb2_grpc.CoordinatorStub,
     return EXIT_OK
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM while following a deploy."""
+class StopFollowing:
+    """SIGINT or SIGTERM while following a deploy stops following, never the deploy. The handler
+    only cancels the stream, from a thread of its own, and the main thread sees the cancelled
+    stream. An exception raised from a handler lands wherever the main thread is; inside gRPC's
+    wait on its stream's lock it could leave the CLI hanging, never exiting."""
 
+    def __init__(self, stream: grpc.Future) -> None:
+        self.stream, self.signum = stream, None
+        self.previous: dict[int, Any] = {}
 
-def _interrupt(*_: object) -> None:
-    raise Terminated
+    def __enter__(self) -> StopFollowing:
+        self.previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signum = signum
+        threading.Thread(target=self.stream.cancel, daemon=True).start()
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -134,7 +153,6 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             for m in d.models:
                 print(f"  {m.name:<24} {PHASE_NAMES[m.phase]:<10} version {m.version} {m.reason}")
             return EXIT_OK
-        signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C: stop following, not the deploy
         return deploy(args, stub, models)
     except grpc.RpcError as e:
         if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
