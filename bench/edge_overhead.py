@@ -64,13 +64,14 @@ from tests.platform_process import PlatformProcess, free_port  # noqa: E402
 MODEL, MAX_NUM_SEQS, MAX_MODEL_LEN = "tiny", 32, 1024  # MODEL: the name both stacks serve it under
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
 # which CPU meter holds each path's server stack
+# (mux: bench/mux_vllm.py's multiplexed path, measured with this module's client and meters)
 STACK = {"vllm-http": "vllm-server", "vllm-again": "vllm-server", "gateway": "platform-path",
-         "grpc": "worker-replica", "floor": "floor-path"}
-EDGE = {"gateway": "gateway-replica", "floor": "floor-edge"}  # the meter of a path's separate edge
+         "grpc": "worker-replica", "floor": "floor-path", "mux": "mux-path"}
+EDGE = {"gateway": "gateway-replica", "floor": "floor-edge", "mux": "mux-edge"}  # a path's separate edge
 # ...and the meters of its front end: the engine's processes are the same on every path
 FRONT_END = {"vllm-http": ("vllm-api-server",), "vllm-again": ("vllm-api-server",),
-             "gateway": ("worker-front-end", "gateway-replica"),
-             "grpc": ("worker-front-end",), "floor": ("worker-front-end", "floor-edge")}
+             "gateway": ("worker-front-end", "gateway-replica"), "grpc": ("worker-front-end",),
+             "floor": ("worker-front-end", "floor-edge"), "mux": ("worker-front-end", "mux-edge")}
 
 
 async def sse_stream(http: httpx.AsyncClient, tokens: int) -> tuple[float, list[float], int]:
@@ -199,6 +200,16 @@ def start_vllm_server(model_dir: str, port: int, log: Path) -> subprocess.Popen:
     return start_server(cmd, log)
 
 
+def first_line(proc: subprocess.Popen, log: Path, prefix: str, timeout_s: float = 60) -> str:
+    """The first line of a server's log starting with `prefix` (where it says it listens)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if line := next((ln for ln in log.read_text().splitlines() if ln.startswith(prefix)), None):
+            return line
+        time.sleep(0.1)
+    raise RuntimeError(f"{proc.args} did not start: {log.read_text()[-2000:]}")
+
+
 def start_floor(platform: PlatformProcess, log: Path) -> tuple[subprocess.Popen, str]:
     """bench/edge_floor.py in front of the platform's worker replica, with a gateway replica's
     environment; returns it and its URL."""
@@ -207,12 +218,7 @@ def start_floor(platform: PlatformProcess, log: Path) -> tuple[subprocess.Popen,
     endpoint = platform.replicas(MODEL)[0].endpoint
     floor = start_server([sys.executable, str(ROOT / "bench" / "edge_floor.py"), f"{endpoint.host}:{endpoint.port}"],
                          log, gateway_env())
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and floor.poll() is None:
-        if url := next((line for line in log.read_text().splitlines() if line.startswith("http")), None):
-            return floor, url
-        time.sleep(0.1)
-    raise RuntimeError(f"the floor edge did not start: {log.read_text()[-2000:]}")
+    return floor, first_line(floor, log, "http")
 
 
 def wait_http(url: str, server: subprocess.Popen, timeout_s: float = 600) -> None:

@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,9 +47,6 @@ from mship.worker.v1 import worker_pb2 as pb  # noqa: E402
 
 if TYPE_CHECKING:
     from services.worker.servicer import WorkerServicer
-
-eo.STACK["mux"], eo.EDGE["mux"], eo.FRONT_END["mux"] = "mux-path", "mux-edge", ("worker-front-end", "mux-edge")
-
 
 # ---- the worker: the platform's servicer, also behind one multiplexed stream ---------------------
 def infer_request(rid: str, max_tokens: int) -> pb.InferRequest:
@@ -135,15 +131,6 @@ class CountingMuxReader(MuxReader):
 
 
 # ---- the bench ----------------------------------------------------------------------------------
-def first_line(proc: subprocess.Popen, log: Path, prefix: str, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if line := next((ln for ln in log.read_text().splitlines() if ln.startswith(prefix)), None):
-            return line
-        time.sleep(0.2)
-    raise RuntimeError(f"{proc.args} did not start: {log.read_text()[-2000:]}")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="builtin:tiny-qwen2")
@@ -169,7 +156,7 @@ def main() -> None:
                                  tmp / "worker.log")
         procs.append(worker)
         eo.wait_http(f"http://127.0.0.1:{vllm_port}/health", procs[0])
-        _, infer_port, mux_port = first_line(worker, tmp / "worker.log", "ports ", 600).split()
+        _, infer_port, mux_port = eo.first_line(worker, tmp / "worker.log", "ports ", 600).split()
         urls = {"vllm-http": f"http://127.0.0.1:{vllm_port}"} | (
             {"vllm-again": f"http://127.0.0.1:{vllm_port}"} if args.aa else {})
         edges = {}
@@ -177,7 +164,7 @@ def main() -> None:
                           ("mux", [__file__, "--serve-edge", f"127.0.0.1:{mux_port}"])):
             edges[name] = eo.start_server([sys.executable, *cmd], tmp / f"{name}.log", gateway_env())
             procs.append(edges[name])
-            urls[name] = first_line(edges[name], tmp / f"{name}.log", "http", 60)
+            urls[name] = eo.first_line(edges[name], tmp / f"{name}.log", "http")
         worker_proc, api_server = psutil.Process(worker.pid), psutil.Process(procs[0].pid)
         floor_edge, mux_edge = psutil.Process(edges["floor"].pid), psutil.Process(edges["mux"].pid)
         meters = {"vllm-server": eo.CpuMeter([api_server]),
