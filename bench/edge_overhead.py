@@ -63,6 +63,9 @@ from tests.platform_process import PlatformProcess, free_port  # noqa: E402
 
 MODEL, MAX_NUM_SEQS, MAX_MODEL_LEN = "tiny", 32, 1024  # MODEL: the name both stacks serve it under
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+# An idle connection is not reused after 2 s: the servers (uvicorn) close theirs after 5, and a
+# quiet wait between batches can take longer; reusing one as the server closes it fails the request.
+CLIENT_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
 # which CPU meter holds each path's server stack
 # (mux: bench/mux_vllm.py's multiplexed path, measured with this module's client and meters)
 STACK = {"vllm-http": "vllm-server", "vllm-again": "vllm-server", "gateway": "platform-path",
@@ -249,13 +252,12 @@ def cpu_meters(platform: PlatformProcess, server: subprocess.Popen,
 
 async def run(args: argparse.Namespace, platform: PlatformProcess, vllm_port: int, floor_url: str | None,
               meters: dict[str, CpuMeter]) -> dict:
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     urls = {"vllm-http": f"http://127.0.0.1:{vllm_port}", "gateway": platform.base_url, "floor": floor_url,
             "vllm-again": f"http://127.0.0.1:{vllm_port}" if args.aa else None}
     async with contextlib.AsyncExitStack() as stack:
         client = await stack.enter_async_context(MshipClient(platform.coordinator))
         paths = {name: functools.partial(sse_stream, await stack.enter_async_context(
-            httpx.AsyncClient(base_url=url, timeout=120, limits=limits))) for name, url in urls.items() if url}
+            httpx.AsyncClient(base_url=url, timeout=120, limits=CLIENT_LIMITS))) for name, url in urls.items() if url}
         paths["grpc"] = functools.partial(grpc_stream, client)
         quiet = Quiet()  # before any traffic: every engine has been idle since it started
         await measure(paths, meters, 4, 5, 16, quiet)  # warm up connections and the engines

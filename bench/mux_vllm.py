@@ -189,10 +189,9 @@ def main() -> None:
 
 
 async def measure_all(args: argparse.Namespace, urls: dict[str, str], meters: dict) -> dict:
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with contextlib.AsyncExitStack() as stack:
         paths = {name: functools.partial(eo.sse_stream, await stack.enter_async_context(
-            httpx.AsyncClient(base_url=url, timeout=120, limits=limits))) for name, url in urls.items()}
+            httpx.AsyncClient(base_url=url, timeout=120, limits=eo.CLIENT_LIMITS))) for name, url in urls.items()}
         quiet = eo.Quiet()
         await eo.measure(paths, meters, 4, 5, 16, quiet)  # warm up
         return {str(c): await eo.measure(paths, meters, c, max(args.rounds, -(-30 // c)), args.tokens, quiet)

@@ -15,6 +15,7 @@ import grpc
 
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.affinity import prefix_key
+from services.common.delivery import DeliveredCall
 from services.common.errors import ErrorDetails
 from services.common.routes import Endpoint, RouteTable
 
@@ -108,7 +109,8 @@ class InferStream:
     until `close()`, which takes the count back exactly once and cancels the call (a no-op once it
     has ended; otherwise the engine aborts the request). Iterate it once its first event arrived."""
 
-    def __init__(self, endpoint: Endpoint, call: grpc.aio.UnaryStreamCall, table: RouteTable | None = None) -> None:
+    def __init__(self, endpoint: Endpoint, call: grpc.aio.UnaryStreamCall | DeliveredCall,
+                 table: RouteTable | None = None) -> None:
         self.endpoint, self._call, self._table = endpoint, call, table
         self._first: pb.InferEvent | None = None
         self.closed = False
@@ -164,11 +166,12 @@ class InferStream:
 async def open_infer(table: RouteTable, model: str, request: pb.InferRequest,
                      timeout_s: float | None = None, metadata: tuple[tuple[str, str | bytes], ...] = ()) -> InferStream:
     """Start the Infer call on the best endpoint (for its prompt's prefix) and wait for its first event."""
-    return await open_stream(table, model, lambda e: e.stub.Infer(request, timeout=timeout_s,
-                                                                  metadata=metadata or None), prefix_key(request))
+    return await open_stream(table, model, lambda e: e.delivery.infer(request, timeout=timeout_s,
+                                                                      metadata=metadata or None), prefix_key(request))
 
 
-async def open_stream(table: RouteTable, model: str, start: Callable[[Endpoint], grpc.aio.UnaryStreamCall],
+async def open_stream(table: RouteTable, model: str,
+                      start: Callable[[Endpoint], grpc.aio.UnaryStreamCall | DeliveredCall],
                       affinity: str | None = None) -> InferStream:
     """Start a server-streaming worker call (`start(endpoint)`: Infer, Synthesize, Transcribe) on the
     best endpoint and wait for its first event, retrying elsewhere while nothing was answered. Every

@@ -29,6 +29,7 @@ from mship.coordinator.v1 import coordinator_pb2_grpc
 from mship.worker.v1 import worker_pb2_grpc
 from services.common.breaker import EndpointBreaker
 from services.common.channels import aio_channel
+from services.common.delivery import DeliveryReader
 from services.common.picker import LeastOutstanding, ReplicaPicker
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,10 @@ class Endpoint:
     replica_id: str
     stub: worker_pb2_grpc.WorkerStub
     outstanding: int = 0
+    delivery: DeliveryReader = field(init=False)  # the stream its Infer calls' deltas come on
+
+    def __post_init__(self) -> None:
+        self.delivery = DeliveryReader(self.stub)
 
 
 @dataclass
@@ -106,7 +111,8 @@ class RouteTable:
                 route.endpoints.append(self._channels[address][1])
             routes[model.name] = route
         for address in set(self._channels) - live:  # replicas that left: close their channels
-            channel, _ = self._channels.pop(address)
+            channel, endpoint = self._channels.pop(address)
+            endpoint.delivery.retire()
             asyncio.get_running_loop().create_task(channel.close(grace=30))
         self.routes, self.pending, self.version = routes, list(snapshot.pending), snapshot.version
         self.unhealthy = list(snapshot.unhealthy)

@@ -26,8 +26,9 @@ from typing import Any
 
 from services.common.vocabulary import ENV_OTEL_ENDPOINT
 
-# Kept out of traces: probes and periodic liveness calls (gRPC methods, HTTP paths as regexes).
-UNTRACED_METHODS = ("Heartbeat",)
+# Kept out of traces: probes and periodic liveness calls (gRPC methods, HTTP paths as regexes), and
+# the delivery streams (one per endpoint for the channel's life; their deltas belong to Infer spans).
+UNTRACED_METHODS = ("Heartbeat", "Deliver")
 UNTRACED_URLS = "/health$,/readyz$"
 
 _provider: Any = None  # this process's TracerProvider once configure_tracing found an endpoint

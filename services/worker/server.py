@@ -37,6 +37,7 @@ class WorkerServer:
     port: int
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        self.servicer.deliveries.close_when_idle()  # in-flight calls finish; then their delivery streams end
         await self.server.stop(grace_s)
         await self.host.shutdown()
 

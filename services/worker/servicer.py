@@ -2,7 +2,8 @@
 
 Everything that can be refused is refused before the engine sees the request. Cancelling the call
 (client hang-up, deadline) cancels this handler task, which aborts the engine request; `Cancel`
-aborts by id where no live stream exists. Refusals are raised as `ServiceError`; the server's
+aborts by id where no live stream exists. A call naming a delivery stream (services/worker/delivery.py)
+sends its deltas there and only its Final on the call. Refusals are raised as `ServiceError`; the server's
 `ErrorInterceptor` turns them into the call's status.
 """
 
@@ -25,6 +26,7 @@ from services.common.limits import replica_limits
 from services.common.tracing import record_usage
 from services.worker import metrics
 from services.worker.audio_servicer import AudioCalls
+from services.worker.delivery import Deliveries
 from services.worker.engine import ChoiceDelta, Engine, Prompt, RenderRequest
 from services.worker.host import ModelHost
 from services.worker.parsers import StreamParser
@@ -43,6 +45,7 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         self.host = host
         self.gate = gate or RequestGate()
         self.inflight: set[str] = set()  # running or queued (Cancel by id, the autoscaler's load)
+        self.deliveries = Deliveries()
 
     # ---- Load --------------------------------------------------------------------------------
     async def Load(self, request: worker_pb2.LoadRequest, context) -> AsyncIterator[worker_pb2.LoadProgress]:
@@ -74,19 +77,27 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         request_id = request.request_id or uuid.uuid4().hex
         self._admit(request_id)
         outcome = "cancelled"  # unless it ends otherwise: the caller went away (or Cancel)
+        delivery, tag, delivered = self.deliveries.attach(request), request.delivery.tag, 0
         try:
             async with self.gate.admitted(request_id):  # backpressure: an engine place, or a queue slot, or refused
                 async for event in self._stream(engine, prompt, sampling, request, request_id, parse_tools):
                     if event.HasField("final"):
                         outcome = "finished"
+                        event.final.delivered = delivered
                         _count_tokens(request.model, event.final.usage)
                         record_usage(request.model, event.final.usage)  # the Infer span's, when traced
+                    elif delivery is not None:
+                        delivery.send(tag, event)
+                        delivered += 1
+                        continue
                     yield event
         except ServiceError as e:
             outcome = "refused" if e.reason == Reason.OVERLOADED else "failed"
             raise
         finally:  # released however the call ends (finished, refused, cancelled)
             self.inflight.discard(request_id)
+            if delivery is not None:
+                delivery.detach()
             metrics.REQUESTS.labels(request.model, outcome).inc()
             log.debug("infer %s on %s ended (%d prompt tokens)", request_id, request.model, len(prompt.token_ids))
 
@@ -144,6 +155,11 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
             reason = worker_pb2.FINISH_REASON_TOOL_CALLS
         return worker_pb2.ChoiceFinish(index=choice.index, finish_reason=reason,
                                        stop_sequence=choice.stop_sequence or "")
+
+    async def Deliver(self, request: worker_pb2.DeliverRequest,
+                      context) -> AsyncIterator[worker_pb2.DeliveryBatch]:
+        async for batch in self.deliveries.serve():
+            yield batch
 
     # ---- validation --------------------------------------------------------------------------
     def _engine_for(self, model: str) -> Engine:

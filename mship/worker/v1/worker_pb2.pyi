@@ -237,7 +237,7 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., n: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., keep_special_tokens: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ...) -> None: ...
 
 class InferRequest(_message.Message):
-    __slots__ = ("request_id", "model", "chat", "prompt", "sampling", "tools", "tool_choice", "parallel_tool_calls", "response_format", "cache_salt", "priority", "parse_reasoning")
+    __slots__ = ("request_id", "model", "chat", "prompt", "sampling", "tools", "tool_choice", "parallel_tool_calls", "response_format", "cache_salt", "priority", "parse_reasoning", "delivery")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +250,7 @@ class InferRequest(_message.Message):
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     PARSE_REASONING_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     chat: ChatInput
@@ -262,7 +263,16 @@ class InferRequest(_message.Message):
     cache_salt: str
     priority: int
     parse_reasoning: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[_Union[PromptInput, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., parse_reasoning: _Optional[bool] = ...) -> None: ...
+    delivery: Delivery
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[_Union[PromptInput, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., parse_reasoning: _Optional[bool] = ..., delivery: _Optional[_Union[Delivery, _Mapping]] = ...) -> None: ...
+
+class Delivery(_message.Message):
+    __slots__ = ("id", "tag")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    tag: int
+    def __init__(self, id: _Optional[str] = ..., tag: _Optional[int] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token", "logprob", "bytes")
@@ -325,12 +335,14 @@ class ChoiceFinish(_message.Message):
     def __init__(self, index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ...) -> None: ...
 
 class Final(_message.Message):
-    __slots__ = ("choices", "usage")
+    __slots__ = ("choices", "usage", "delivered")
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_FIELD_NUMBER: _ClassVar[int]
     choices: _containers.RepeatedCompositeFieldContainer[ChoiceFinish]
     usage: _common_pb2.Usage
-    def __init__(self, choices: _Optional[_Iterable[_Union[ChoiceFinish, _Mapping]]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ...) -> None: ...
+    delivered: int
+    def __init__(self, choices: _Optional[_Iterable[_Union[ChoiceFinish, _Mapping]]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., delivered: _Optional[int] = ...) -> None: ...
 
 class InferEvent(_message.Message):
     __slots__ = ("delta", "final")
@@ -339,6 +351,20 @@ class InferEvent(_message.Message):
     delta: Delta
     final: Final
     def __init__(self, delta: _Optional[_Union[Delta, _Mapping]] = ..., final: _Optional[_Union[Final, _Mapping]] = ...) -> None: ...
+
+class DeliverRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DeliveryBatch(_message.Message):
+    __slots__ = ("delivery_id", "tags", "events")
+    DELIVERY_ID_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    delivery_id: str
+    tags: _containers.RepeatedScalarFieldContainer[int]
+    events: _containers.RepeatedCompositeFieldContainer[InferEvent]
+    def __init__(self, delivery_id: _Optional[str] = ..., tags: _Optional[_Iterable[int]] = ..., events: _Optional[_Iterable[_Union[InferEvent, _Mapping]]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
     __slots__ = ("request_id", "model", "inputs", "dimensions", "prompts")

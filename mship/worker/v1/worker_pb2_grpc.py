@@ -44,6 +44,11 @@ class WorkerStub:
                 request_serializer=mship_dot_worker_dot_v1_dot_worker__pb2.InferRequest.SerializeToString,
                 response_deserializer=mship_dot_worker_dot_v1_dot_worker__pb2.InferEvent.FromString,
                 _registered_method=True)
+        self.Deliver = channel.unary_stream(
+                '/mship.worker.v1.Worker/Deliver',
+                request_serializer=mship_dot_worker_dot_v1_dot_worker__pb2.DeliverRequest.SerializeToString,
+                response_deserializer=mship_dot_worker_dot_v1_dot_worker__pb2.DeliveryBatch.FromString,
+                _registered_method=True)
         self.Embed = channel.unary_unary(
                 '/mship.worker.v1.Worker/Embed',
                 request_serializer=mship_dot_worker_dot_v1_dot_worker__pb2.EmbedRequest.SerializeToString,
@@ -83,8 +88,20 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Infer(self, request, context):
-        """Stream deltas as the engine produces them, then exactly one Final event.
-        Cancelling the call aborts the engine request.
+        """Stream deltas as the engine produces them, then exactly one Final event (a request naming
+        a delivery stream: only the Final; its deltas go on that stream). Cancelling the call aborts
+        the engine request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Deliver(self, request, context):
+        """One stream per caller and worker that carries the deltas of every Infer call naming it
+        (InferRequest.delivery), whatever is ready in one message: one gRPC message per engine step
+        instead of one per token and stream. The Infer call stays each request's control (deadline,
+        status, Final, cancel = cancel the call); only its deltas move here. The first message names
+        the stream; ending the call ends it (calls still naming it then fail UNAVAILABLE).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -138,6 +155,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Infer,
                     request_deserializer=mship_dot_worker_dot_v1_dot_worker__pb2.InferRequest.FromString,
                     response_serializer=mship_dot_worker_dot_v1_dot_worker__pb2.InferEvent.SerializeToString,
+            ),
+            'Deliver': grpc.unary_stream_rpc_method_handler(
+                    servicer.Deliver,
+                    request_deserializer=mship_dot_worker_dot_v1_dot_worker__pb2.DeliverRequest.FromString,
+                    response_serializer=mship_dot_worker_dot_v1_dot_worker__pb2.DeliveryBatch.SerializeToString,
             ),
             'Embed': grpc.unary_unary_rpc_method_handler(
                     servicer.Embed,
@@ -219,6 +241,33 @@ class Worker:
             '/mship.worker.v1.Worker/Infer',
             mship_dot_worker_dot_v1_dot_worker__pb2.InferRequest.SerializeToString,
             mship_dot_worker_dot_v1_dot_worker__pb2.InferEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Deliver(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mship.worker.v1.Worker/Deliver',
+            mship_dot_worker_dot_v1_dot_worker__pb2.DeliverRequest.SerializeToString,
+            mship_dot_worker_dot_v1_dot_worker__pb2.DeliveryBatch.FromString,
             options,
             channel_credentials,
             insecure,

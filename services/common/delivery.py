@@ -1,0 +1,192 @@
+"""The caller's end of a worker's delivery streams: one `Deliver` stream per endpoint carries the
+deltas of every Infer call made on it, whatever the worker had ready in one message, instead of one
+gRPC message per token on each call (services/worker/delivery.py is the worker's end).
+
+Each Infer call stays the request's control: its deadline, its status, its Final, and cancel =
+cancel the call. `DeliveryReader.infer` starts the call; while the endpoint's stream is not open
+yet (its first calls), or its worker does not know `Deliver` (an older version), the call carries
+its deltas itself as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from mship.worker.v1 import worker_pb2 as pb
+from mship.worker.v1 import worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+REOPEN_AFTER_S = 1.0  # a stream that broke is opened again (by a call) no sooner than this
+_CALL_ENDED = object()
+
+
+class StreamEnded:
+    """Queued to each of its calls when a delivery stream ends. Broken (an error): a call that has
+    not read its Final fails UNAVAILABLE, as when a connection breaks. Ended by the worker (it
+    stops, once no call sends on it): each call's Final still comes on the call."""
+
+    def __init__(self, cause: str, broken: bool) -> None:
+        self.broken = broken
+        self.error = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                          f"the worker's delivery stream ended: {cause}")
+
+
+class DeliveredCall:
+    """An Infer call whose deltas come on its endpoint's delivery stream. Read like the call itself
+    (`read()`: the next event, `grpc.aio.EOF` at the end, `AioRpcError` on failure; `cancel()`): the
+    deltas, then what the call sends (its Final), in one queue. The two streams are not ordered with
+    each other, so the Final waits until every delta it counts has been read."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall, reader: DeliveryReader, tag: int,
+                 queue: asyncio.Queue[Any]) -> None:
+        self._call, self._reader, self._tag, self._queue = call, reader, tag, queue
+        self._deltas = 0  # delta events read so far
+        self._final: pb.InferEvent | None = None  # held until `_deltas` reaches its count
+        self._call_ended = False
+        self._final_read = False
+        self._stream_ended: StreamEnded | None = None  # the delivery stream ended meanwhile
+        self._follower = asyncio.ensure_future(self._follow())
+
+    async def _follow(self) -> None:
+        """What the call itself sends goes to the same queue."""
+        put = self._queue.put_nowait
+        try:
+            while (event := await self._call.read()) is not grpc.aio.EOF:
+                put(event)
+        except grpc.aio.AioRpcError as e:
+            put(e)
+            return
+        put(_CALL_ENDED)
+
+    async def read(self) -> Any:
+        while True:
+            final = self._final
+            if final is not None and self._deltas >= final.final.delivered:
+                self._final, self._final_read = None, True
+                return final
+            if self._call_ended and final is None:
+                self._reader.detach(self._tag)
+                return grpc.aio.EOF
+            item = await self._queue.get()
+            if item is _CALL_ENDED:
+                self._call_ended = True
+            elif isinstance(item, StreamEnded):
+                self._stream_ended = item
+                if item.broken and not self._final_read:
+                    raise self._failed(item.error)  # deltas may have been lost with it
+            elif isinstance(item, BaseException):
+                raise self._failed(item)  # the call failed
+            elif not item.HasField("final"):
+                self._deltas += 1
+                return item
+            else:
+                self._final = item
+            if self._stream_ended is not None and self._final is not None \
+                    and self._deltas < self._final.final.delivered:
+                raise self._failed(self._stream_ended.error)  # deltas it counts will not come any more
+
+    def _failed(self, error: BaseException) -> BaseException:
+        self._reader.detach(self._tag)
+        return error
+
+    def cancel(self) -> bool:
+        self._reader.detach(self._tag)
+        self._follower.cancel()
+        return self._call.cancel()
+
+
+class DeliveryReader:
+    """One endpoint's delivery stream: opened by the first call that would use it, read by one task
+    that hands each delta to its call's queue (by the call's tag), opened again after it broke."""
+
+    def __init__(self, stub: worker_pb2_grpc.WorkerStub) -> None:
+        self._stub = stub
+        self._id = ""  # the open stream's id ("": not open yet, or broken)
+        self._task: asyncio.Task[None] | None = None
+        self._call: grpc.aio.UnaryStreamCall | None = None
+        self._queues: dict[int, Callable[[Any], None]] = {}  # tag -> its call's queue's put
+        self._tags = itertools.count(1)
+        self._reopen_at = 0.0
+        self._supported = True  # False: the worker does not know Deliver
+        self._retired = False  # the endpoint left the routes: end the stream once its calls ended
+
+    @property
+    def is_open(self) -> bool:
+        return bool(self._id)
+
+    def infer(self, request: pb.InferRequest, **kwargs: Any) -> grpc.aio.UnaryStreamCall | DeliveredCall:
+        """Start an Infer call (`kwargs`: the stub's: timeout, metadata) on the delivery stream when
+        it is open; on the call alone otherwise."""
+        if not self._id:
+            self._open()
+            request.ClearField("delivery")
+            return self._stub.Infer(request, **kwargs)
+        tag = next(self._tags)
+        request.delivery.id, request.delivery.tag = self._id, tag
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._queues[tag] = queue.put_nowait  # before the call starts: its first delta may come at once
+        try:
+            return DeliveredCall(self._stub.Infer(request, **kwargs), self, tag, queue)
+        except BaseException:
+            self.detach(tag)
+            raise
+
+    def detach(self, tag: int) -> None:
+        self._queues.pop(tag, None)
+        self._end_if_retired()
+
+    def retire(self) -> None:
+        """The endpoint left the routes: no new call uses the stream; it ends after the last one."""
+        self._retired, self._id = True, ""
+        self._end_if_retired()
+
+    def _end_if_retired(self) -> None:
+        if self._retired and not self._queues and self._call is not None:
+            self._call.cancel()
+
+    def _open(self) -> None:
+        if self._task is not None or not self._supported or self._retired:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._reopen_at:  # its own context: not the trace or request id of the call opening it
+            self._task = loop.create_task(self._run(), context=contextvars.Context())
+
+    async def _run(self) -> None:
+        cause, broken = "cancelled", True
+        try:
+            self._call = call = self._stub.Deliver(pb.DeliverRequest())
+            first = await call.read()
+            if first is grpc.aio.EOF or self._retired:
+                return
+            self._id = first.delivery_id
+            queues = self._queues
+            while (batch := await call.read()) is not grpc.aio.EOF:
+                for tag, event in zip(batch.tags, batch.events, strict=True):
+                    put = queues.get(tag)
+                    if put is not None:  # else: its call was cancelled here meanwhile
+                        put(event)
+            cause, broken = "the worker ended it", False
+        except grpc.aio.UsageError:
+            cause = "its channel is closed"  # the endpoint just left the routes
+        except grpc.aio.AioRpcError as e:
+            cause = f"{e.code().name} {e.details()}"
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._supported = False  # an older worker: its calls carry their deltas
+            else:
+                log.info("a delivery stream ended: %s", cause)
+        finally:
+            if self._call is not None:
+                self._call.cancel()  # a no-op once it ended; else it would hold its channel's close
+            self._id, self._task, self._call = "", None, None
+            self._reopen_at = asyncio.get_running_loop().time() + REOPEN_AFTER_S
+            ended = StreamEnded(cause, broken)
+            for put in self._queues.values():
+                put(ended)
+            self._queues.clear()

@@ -1,0 +1,230 @@
+"""Delivery streams (`Deliver`): the deltas of an endpoint's Infer calls travel on one stream per
+endpoint, each call keeps its own control. Against a real grpc.aio worker server (the platform's
+servicer and interceptors) with a scripted engine: the code around the engine is what is tested."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from mship.coordinator.v1 import coordinator_pb2 as cpb
+from mship.worker.v1 import worker_pb2 as pb
+from mship.worker.v1 import worker_pb2_grpc
+from services.common.delivery import DeliveredCall, DeliveryReader
+from services.common.infer import InferStream, UpstreamError, open_infer
+from services.common.routes import Endpoint, RouteTable
+from services.worker.delivery import MAX_BATCH, Delivery
+from services.worker.server import WorkerServer, worker_server
+from services.worker.servicer import WorkerServicer
+from tests.engine_double import ScriptedEngine, ServedWorker, serve_worker
+from tests.helpers import until
+from tests.unit.test_infer import MODEL, request, routing
+
+SCRIPT = ["one", " two", " three", " four"]
+
+
+@pytest.fixture
+async def worker() -> AsyncIterator[ServedWorker]:
+    served = await serve_worker(ScriptedEngine(SCRIPT), name=MODEL, max_ongoing=64)
+    try:
+        yield served
+    finally:
+        served.engine.hold.set()
+        await served.server.stop(0)
+
+
+@pytest.fixture
+async def table(worker: ServedWorker) -> AsyncIterator[RouteTable]:
+    routes = routing(worker.port)
+    try:
+        yield routes
+    finally:
+        await routes.close()
+
+
+def endpoint(table: RouteTable) -> Endpoint:
+    return table.routes[MODEL].endpoints[0]
+
+
+async def opened(table: RouteTable) -> DeliveryReader:
+    """The endpoint's delivery stream, open (the first call opens it and carries its own deltas)."""
+    stream = await open_infer(table, MODEL, request("opens-the-stream"))
+    await read_all(stream)
+    reader = endpoint(table).delivery
+    await until(lambda: reader.is_open, "the delivery stream opened")
+    return reader
+
+
+async def read_all(stream: InferStream) -> tuple[str, pb.Final]:
+    text, final = "", None
+    try:
+        async for event in stream:
+            if event.HasField("final"):
+                final = event.final
+            else:
+                text += event.delta.text
+    finally:
+        stream.close()
+    assert final is not None, "the stream ended without its Final"
+    return text, final
+
+
+async def test_concurrent_calls_share_one_stream_each_gets_its_own_deltas(table: RouteTable) -> None:
+    await opened(table)
+    streams = await asyncio.gather(*(open_infer(table, MODEL, request(f"r{n}")) for n in range(16)))
+    assert all(isinstance(s._call, DeliveredCall) for s in streams)
+    results = await asyncio.gather(*(read_all(s) for s in streams))
+    for text, final in results:
+        assert text == "".join(SCRIPT)
+        assert final.delivered == len(SCRIPT)  # every delta came on the delivery stream, none on the call
+        assert final.usage.completion_tokens == len(SCRIPT)
+    assert endpoint(table).outstanding == 0
+
+
+async def test_the_first_call_carries_its_deltas_itself(table: RouteTable) -> None:
+    stream = await open_infer(table, MODEL, request("first"))
+    text, final = await read_all(stream)
+    assert (text, final.delivered) == ("".join(SCRIPT), 0)
+
+
+async def test_a_final_that_overtakes_its_deltas_waits_for_them() -> None:
+    """The Final (on the call) can arrive before the last deltas (on the delivery stream)."""
+
+    class FinalFirst:
+        def __init__(self) -> None:
+            self.events: list = [pb.InferEvent(final=pb.Final(delivered=2)), grpc.aio.EOF]
+
+        async def read(self):
+            return self.events.pop(0)
+
+        def cancel(self) -> bool:
+            return True
+
+    queue: asyncio.Queue = asyncio.Queue()
+    call = DeliveredCall(FinalFirst(), DeliveryReader(None), 1, queue)  # type: ignore[arg-type]
+    reading = asyncio.ensure_future(call.read())
+    await until(lambda: call._call_ended, "the call's Final and end read")
+    assert not reading.done()  # the Final counts 2 deltas, none read yet
+    queue.put_nowait(pb.InferEvent(delta=pb.Delta(text="a")))
+    queue.put_nowait(pb.InferEvent(delta=pb.Delta(text="b")))
+    got = [await reading, await call.read(), await call.read(), await call.read()]
+    assert [g.delta.text for g in got[:2]] == ["a", "b"]
+    assert got[2].final.delivered == 2 and got[3] is grpc.aio.EOF
+
+
+async def test_closing_a_call_aborts_its_engine_request_and_leaves_the_others(
+        worker: ServedWorker, table: RouteTable) -> None:
+    await opened(table)
+    worker.engine.hold.clear()  # every request parks before its last chunk
+    gone = await open_infer(table, MODEL, request("gone"))
+    kept = await open_infer(table, MODEL, request("kept"))
+    gone.close()
+    await until(lambda: "gone" in worker.engine.cancelled or "gone" in worker.engine.aborted,
+                "the engine request of the closed call ended")
+    worker.engine.hold.set()
+    text, final = await read_all(kept)
+    assert text == "".join(SCRIPT) and final.delivered == len(SCRIPT)
+    await until(lambda: not worker.servicer.inflight, "the worker holds no request")
+    assert endpoint(table).delivery._queues == {}
+
+
+async def test_a_broken_delivery_stream_fails_its_calls_as_unavailable(
+        worker: ServedWorker, table: RouteTable) -> None:
+    reader = await opened(table)
+    worker.engine.hold.clear()
+    stream = await open_infer(table, MODEL, request("cut"))
+    assert isinstance(stream._call, DeliveredCall)
+    reader._call.cancel()  # the stream breaks (as when its connection does)
+    with pytest.raises(UpstreamError) as e:
+        await read_all(stream)
+    assert e.value.details.code == grpc.StatusCode.UNAVAILABLE
+    worker.engine.hold.set()
+    await until(lambda: not worker.servicer.inflight, "the worker's request ended")
+    await until(lambda: not worker.servicer.deliveries._open, "the worker closed its end")
+    again = await open_infer(table, MODEL, request("after"))  # served, on the call until it reopens
+    assert (await read_all(again))[0] == "".join(SCRIPT)
+
+
+async def test_a_call_naming_an_unknown_stream_carries_its_deltas(worker: ServedWorker) -> None:
+    async with grpc.aio.insecure_channel(worker.address) as channel:
+        req = request("stray")
+        req.delivery.id, req.delivery.tag = "no-such-stream", 7
+        events = [e async for e in worker_pb2_grpc.WorkerStub(channel).Infer(req)]
+    assert "".join(e.delta.text for e in events[:-1]) == "".join(SCRIPT)
+    assert events[-1].final.delivered == 0
+
+
+async def test_a_worker_without_deliver_gets_calls_that_carry_their_deltas(worker: ServedWorker) -> None:
+    class OlderWorker(WorkerServicer):
+        Deliver = worker_pb2_grpc.WorkerServicer.Deliver  # the generated one: UNIMPLEMENTED
+
+    older = worker_server(OlderWorker(worker.servicer.host, worker.servicer.gate))
+    port = older.add_insecure_port("127.0.0.1:0")
+    await older.start()
+    table = routing(port)
+    try:
+        for n in range(3):
+            text, final = await read_all(await open_infer(table, MODEL, request(f"old{n}")))
+            assert (text, final.delivered) == ("".join(SCRIPT), 0)
+        reader = endpoint(table).delivery
+        await until(lambda: not reader._supported, "the caller learnt the worker has no Deliver")
+        assert reader._task is None
+    finally:
+        await table.close()
+        await older.stop(0)
+
+
+async def test_stopping_a_worker_ends_its_delivery_streams_once_their_calls_ended(
+        worker: ServedWorker, table: RouteTable) -> None:
+    reader = await opened(table)
+    worker.engine.hold.clear()
+    stream = await open_infer(table, MODEL, request("last"))
+    stopping = asyncio.ensure_future(WorkerServer(worker.server, worker.servicer.host, worker.servicer,
+                                                  worker.port).stop(grace_s=60))
+    await until(lambda: worker.servicer.deliveries._closing, "the worker began to stop")
+    assert reader.is_open and not stopping.done()  # a call still sends on it
+    worker.engine.hold.set()
+    text, final = await read_all(stream)
+    assert (text, final.delivered) == ("".join(SCRIPT), len(SCRIPT))
+    await asyncio.wait_for(stopping, 10)  # not the 60 s grace: the stream ended after its last call
+
+
+async def test_a_stopping_worker_ends_a_stream_whose_last_call_sent_and_left_in_one_step() -> None:
+    delivery = Delivery()
+    delivery.attached = 1
+    batches = delivery.batches()
+    assert (await anext(batches)).delivery_id == delivery.id
+    delivery.close_when_idle()
+    delivery.send(1, pb.InferEvent(delta=pb.Delta(text="last")))
+    delivery.detach()  # before the stream's task ran again: one wake-up for both
+    assert [e.delta.text for e in (await anext(batches)).events] == ["last"]
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(batches), 5)
+
+
+async def test_a_backlog_goes_out_in_bounded_messages() -> None:
+    delivery = Delivery()
+    batches = delivery.batches()
+    await anext(batches)
+    for n in range(MAX_BATCH + 3):
+        delivery.send(n % 5, pb.InferEvent(delta=pb.Delta(text=str(n))))
+    first, second = await anext(batches), await anext(batches)
+    assert (len(first.events), len(second.events)) == (MAX_BATCH, 3)
+    assert [e.delta.text for e in (*first.events, *second.events)] == [str(n) for n in range(MAX_BATCH + 3)]
+    assert list(second.tags) == [n % 5 for n in range(MAX_BATCH, MAX_BATCH + 3)]
+
+
+async def test_a_replica_leaving_the_routes_keeps_its_calls_then_its_stream_ends(
+        worker: ServedWorker, table: RouteTable) -> None:
+    reader = await opened(table)
+    worker.engine.hold.clear()
+    stream = await open_infer(table, MODEL, request("leaving"))
+    table.apply(cpb.RoutingSnapshot(version=2))  # a cutover: the replica is no longer routed
+    assert not reader.is_open  # no new call uses it
+    worker.engine.hold.set()
+    text, final = await read_all(stream)
+    assert (text, final.delivered) == ("".join(SCRIPT), len(SCRIPT))
+    await until(lambda: not worker.servicer.deliveries._open, "the stream ended after its last call")
