@@ -19,6 +19,10 @@ SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 2**20),
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.http2.max_pings_without_data", 0),
+    # A caller's delivery stream stays open while no token flows, and its channel pings every 20 s
+    # (routes.CHANNEL_OPTIONS): accept that, where gRPC's default (one ping per 5 min without data)
+    # answers the third with GOAWAY "too many pings", failing every call on the connection.
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
 ]
 
 

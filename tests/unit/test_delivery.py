@@ -15,9 +15,9 @@ from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 from services.common.delivery import DeliveredCall, DeliveryReader
 from services.common.infer import InferStream, UpstreamError, open_infer
-from services.common.routes import Endpoint, RouteTable
+from services.common.routes import CHANNEL_OPTIONS, Endpoint, RouteTable
 from services.worker.delivery import MAX_BATCH, Delivery
-from services.worker.server import WorkerServer, worker_server
+from services.worker.server import SERVER_OPTIONS, WorkerServer, worker_server
 from services.worker.servicer import WorkerServicer
 from tests.engine_double import ScriptedEngine, ServedWorker, serve_worker
 from tests.helpers import until
@@ -228,3 +228,10 @@ async def test_a_replica_leaving_the_routes_keeps_its_calls_then_its_stream_ends
     text, final = await read_all(stream)
     assert (text, final.delivered) == ("".join(SCRIPT), len(SCRIPT))
     await until(lambda: not worker.servicer.deliveries._open, "the stream ended after its last call")
+
+
+def test_the_worker_accepts_the_keepalive_pings_of_an_idle_delivery_stream() -> None:
+    """An idle delivery stream is a call in flight: its channel's keepalive pings must come no more
+    often than the worker server accepts pings without data, or it answers GOAWAY "too many pings"."""
+    server, client = dict(SERVER_OPTIONS), dict(CHANNEL_OPTIONS)
+    assert server["grpc.http2.min_recv_ping_interval_without_data_ms"] <= client["grpc.keepalive_time_ms"]
