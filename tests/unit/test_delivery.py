@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -72,13 +73,24 @@ async def read_all(stream: InferStream) -> tuple[str, pb.Final]:
     return text, final
 
 
-async def test_concurrent_calls_share_one_stream_each_gets_its_own_deltas(table: RouteTable) -> None:
+class NamingEngine(ScriptedEngine):
+    """Every chunk names its request: a delta handed to the wrong call shows in that call's text."""
+
+    async def generate(self, prompt, sampling, request_id, priority=0):
+        async for step in super().generate(prompt, sampling, request_id, priority):
+            yield replace(step, choices=[replace(c, text=f"{request_id}:{c.text}") for c in step.choices])
+
+
+async def test_concurrent_calls_share_one_stream_each_gets_its_own_deltas(
+        worker: ServedWorker, table: RouteTable) -> None:
     await opened(table)
-    streams = await asyncio.gather(*(open_infer(table, MODEL, request(f"r{n}")) for n in range(16)))
+    worker.servicer.host.engine = NamingEngine(SCRIPT)
+    ids = [f"r{n}" for n in range(16)]
+    streams = await asyncio.gather(*(open_infer(table, MODEL, request(rid)) for rid in ids))
     assert all(isinstance(s._call, DeliveredCall) for s in streams)
     results = await asyncio.gather(*(read_all(s) for s in streams))
-    for text, final in results:
-        assert text == "".join(SCRIPT)
+    for rid, (text, final) in zip(ids, results, strict=True):
+        assert text == "".join(f"{rid}:{chunk}" for chunk in SCRIPT)
         assert final.delivered == len(SCRIPT)  # every delta came on the delivery stream, none on the call
         assert final.usage.completion_tokens == len(SCRIPT)
     assert endpoint(table).outstanding == 0
