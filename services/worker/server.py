@@ -21,8 +21,9 @@ SERVER_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),
     # A caller's delivery stream stays open while no token flows, and its channel pings every 20 s
     # (routes.CHANNEL_OPTIONS): accept that, where gRPC's default (one ping per 5 min without data)
-    # answers the third with GOAWAY "too many pings", failing every call on the connection.
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    # counts each as a strike and answers the third with GOAWAY "too many pings", failing every call
+    # on the connection. (gRPC ignores unknown keys: tests/unit/test_delivery.py checks this one works.)
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
 ]
 
 

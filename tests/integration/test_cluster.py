@@ -224,4 +224,4 @@ def test_mship_stop_ends_only_its_own_platform(head, platform):
     assert httpx.get(f"{platform.base_url}/readyz", timeout=10).status_code == 200
     reply = httpx.post(f"{platform.base_url}/v1/chat/completions", timeout=60, headers=platform.headers, json={
         "model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]})
-    assert reply.status_code == 200
+    assert reply.status_code == 200, reply.text

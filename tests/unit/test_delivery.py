@@ -242,8 +242,48 @@ async def test_a_replica_leaving_the_routes_keeps_its_calls_then_its_stream_ends
     await until(lambda: not worker.servicer.deliveries._open, "the stream ended after its last call")
 
 
-def test_the_worker_accepts_the_keepalive_pings_of_an_idle_delivery_stream() -> None:
-    """An idle delivery stream is a call in flight: its channel's keepalive pings must come no more
-    often than the worker server accepts pings without data, or it answers GOAWAY "too many pings"."""
-    server, client = dict(SERVER_OPTIONS), dict(CHANNEL_OPTIONS)
-    assert server["grpc.http2.min_recv_ping_interval_without_data_ms"] <= client["grpc.keepalive_time_ms"]
+def _scaled(options: list[tuple[str, object]], drop: str = "") -> list[tuple[str, object]]:
+    """The same gRPC options with every ping and keepalive interval 100× shorter (`drop`: one left out)."""
+    return [(k, v // 100 if isinstance(v, int) and ("ping" in k or "keepalive" in k) and k.endswith("_ms") else v)
+            for k, v in options if k != drop]
+
+
+async def _idle_stream_survives(server_options: list[tuple[str, object]], window_s: float) -> bool:
+    """Whether a server stream that sends nothing after its first message stays open for `window_s`
+    on a channel with the callers' options (100× faster), pinging at its keepalive time."""
+    async def idle(_: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        yield b"open"
+        await asyncio.Event().wait()
+
+    server = grpc.aio.server(options=server_options)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "t.Idle", {"Stream": grpc.unary_stream_rpc_method_handler(idle)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    # Without data a client pings twice, then once a minute; here at its keepalive time (the strikes' pace).
+    client = [*_scaled(CHANNEL_OPTIONS), ("grpc.http2.max_pings_without_data", 0)]
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=client) as channel:
+            call = channel.unary_stream("/t.Idle/Stream")(b"")
+            assert await call.read() == b"open"
+            try:
+                await asyncio.wait_for(call.read(), window_s)
+            except TimeoutError:
+                return True
+            except grpc.aio.AioRpcError as e:
+                assert e.code() == grpc.StatusCode.UNAVAILABLE and "ping" in (e.details() or "").lower(), e
+                return False
+            raise AssertionError("the idle stream sent a message")
+    finally:
+        await server.stop(0)
+
+
+async def test_the_worker_accepts_the_keepalive_pings_of_an_idle_delivery_stream() -> None:
+    """An idle delivery stream is a call in flight, so its channel pings the worker without data. The
+    worker server's options (every interval 100× shorter) accept those pings for several times the
+    window in which gRPC's default policy (the ping option left out: the control) answers GOAWAY
+    "too many pings". A misspelt option key is ignored by gRPC; the control shows this test sees it."""
+    key = "grpc.http2.min_ping_interval_without_data_ms"
+    platform, control = await asyncio.gather(_idle_stream_survives(_scaled(SERVER_OPTIONS), 6.0),
+                                             _idle_stream_survives(_scaled(SERVER_OPTIONS, drop=key), 6.0))
+    assert (platform, control) == (True, False)
