@@ -3,7 +3,9 @@
 its own process, in front of a real worker gRPC server in another, whose engine double steps every
 stream on one clock like a batched engine. No model and no Ray: the CPU columns are the gateway's
 and the worker servicer's own, so a change on the token path shows in one run, not in the noise of
-an engine sharing the cores.
+an engine sharing the cores. The TTFT p50 column is each edge's time to the first token; at 1
+stream the double answers one step after the request, so the difference between two edges is their
+own per-request latency.
 
 `--tree` runs one gateway per source tree (e.g. a `git worktree` of the previous commit and this
 one), all in front of the same worker, interleaved round by round: a before/after side by side.
@@ -104,19 +106,22 @@ def spawn(*args: str, tree: Path = ROOT, env: dict[str, str] | None = None) -> t
     return proc, proc.stdout.readline().strip()
 
 
-async def stream(http: httpx.AsyncClient, tokens: int) -> int:
+async def stream(http: httpx.AsyncClient, tokens: int) -> tuple[int, float]:
+    """The tokens one streamed chat got, and its time to the first token (s)."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens, "stream": True}
-    n = 0
+    n, t0, ttft = 0, time.perf_counter(), 0.0
     async with http.stream("POST", "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
-            n += line.startswith('data: {"id"') and '"content":" tok"' in line
-    return n
+            if line.startswith('data: {"id"') and '"content":" tok"' in line:
+                n += 1
+                ttft = ttft or time.perf_counter() - t0
+    return n, ttft
 
 
 async def measure(gateways: dict[str, tuple[psutil.Process, str, psutil.Process]], concurrency: int,
                   rounds: int, tokens: int) -> dict[str, dict[str, float]]:
-    cpu = {name: {"gateway": 0.0, "worker": 0.0, "tokens": 0, "rate": []} for name in gateways}
+    cpu = {name: {"gateway": 0.0, "worker": 0.0, "tokens": 0, "rate": [], "ttft": []} for name in gateways}
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     clients = {name: httpx.AsyncClient(base_url=edge[1], timeout=60, limits=limits) for name, edge in gateways.items()}
     try:
@@ -126,9 +131,10 @@ async def measure(gateways: dict[str, tuple[psutil.Process, str, psutil.Process]
             for name, http in clients.items():  # interleaved: drift on the box hits every tree alike
                 proc, _, worker = gateways[name]
                 g0, w0, t0 = sum(proc.cpu_times()[:2]), sum(worker.cpu_times()[:2]), time.perf_counter()
-                n = sum(await asyncio.gather(*[stream(http, tokens) for _ in range(concurrency)]))
-                wall = time.perf_counter() - t0
+                done = await asyncio.gather(*[stream(http, tokens) for _ in range(concurrency)])
+                wall, n = time.perf_counter() - t0, sum(tokens for tokens, _ in done)
                 c = cpu[name]
+                c["ttft"] += [ttft for _, ttft in done]
                 c["gateway"] += sum(proc.cpu_times()[:2]) - g0
                 c["worker"] += sum(worker.cpu_times()[:2]) - w0
                 c["tokens"] += n
@@ -138,7 +144,8 @@ async def measure(gateways: dict[str, tuple[psutil.Process, str, psutil.Process]
             await http.aclose()
     return {name: {"gateway_cpu_us_per_token": 1e6 * c["gateway"] / c["tokens"],
                    "worker_cpu_us_per_token": 1e6 * c["worker"] / c["tokens"],
-                   "tok_s": statistics.median(c["rate"])} for name, c in cpu.items()}
+                   "tok_s": statistics.median(c["rate"]),
+                   "ttft_p50_ms": 1e3 * statistics.median(c["ttft"])} for name, c in cpu.items()}
 
 
 def run_role(role: str, args: list[str]) -> None:
@@ -205,11 +212,11 @@ def main() -> None:
         for proc in procs:
             proc.terminate()
             proc.wait(10)
-    print(f"{'streams':>7} {'edge':<40} {'tok/s':>7} {'gateway us/tok':>15} {'worker us/tok':>14}")
+    print(f"{'streams':>7} {'edge':<40} {'tok/s':>7} {'gateway us/tok':>15} {'worker us/tok':>14} {'TTFT p50 ms':>12}")
     for c, rows in table.items():
         for name, r in rows.items():
             print(f"{c:>7} {name[-40:]:<40} {r['tok_s']:>7.0f} {r['gateway_cpu_us_per_token']:>15.1f} "
-                  f"{r['worker_cpu_us_per_token']:>14.1f}")
+                  f"{r['worker_cpu_us_per_token']:>14.1f} {r['ttft_p50_ms']:>12.2f}")
     if args.json:
         write_json(args.json, args, table=table)
 

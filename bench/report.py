@@ -19,4 +19,4 @@ def write_json(path: Path, args: argparse.Namespace, **results: Any) -> None:
     """`results` plus the arguments, CPU count and load average the numbers were taken with."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**results, "args": {**vars(args), "json": str(path)}, "cpus": os.cpu_count(),
-                                "load_avg": os.getloadavg()}, indent=1))
+                                "load_avg": os.getloadavg()}, indent=1, default=str))  # paths (--tree) as text
