@@ -24,6 +24,7 @@ from mship.worker.v1 import worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 REOPEN_AFTER_S = 1.0  # a stream that broke is opened again (by a call) no sooner than this
+ASK_AGAIN_S = 60.0  # a worker without Deliver is asked again after this (it may be upgraded in place)
 _CALL_ENDED = object()
 
 
@@ -113,8 +114,7 @@ class DeliveryReader:
         self._call: grpc.aio.UnaryStreamCall | None = None
         self._queues: dict[int, Callable[[Any], None]] = {}  # tag -> its call's queue's put
         self._tags = itertools.count(1)
-        self._reopen_at = 0.0
-        self._supported = True  # False: the worker does not know Deliver
+        self._reopen_at = 0.0  # no stream is opened before this (loop time)
         self._retired = False  # the endpoint left the routes: end the stream once its calls ended
 
     @property
@@ -152,14 +152,14 @@ class DeliveryReader:
             self._call.cancel()
 
     def _open(self) -> None:
-        if self._task is not None or not self._supported or self._retired:
+        if self._task is not None or self._retired:
             return
         loop = asyncio.get_running_loop()
         if loop.time() >= self._reopen_at:  # its own context: not the trace or request id of the call opening it
             self._task = loop.create_task(self._run(), context=contextvars.Context())
 
     async def _run(self) -> None:
-        cause, broken = "cancelled", True
+        cause, broken, reopen_after = "cancelled", True, REOPEN_AFTER_S
         try:
             self._call = call = self._stub.Deliver(pb.DeliverRequest())
             first = await call.read()
@@ -178,14 +178,14 @@ class DeliveryReader:
         except grpc.aio.AioRpcError as e:
             cause = f"{e.code().name} {e.details()}"
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                self._supported = False  # an older worker: its calls carry their deltas
+                reopen_after = ASK_AGAIN_S  # an older worker: its calls carry their deltas meanwhile
             else:
                 log.info("a delivery stream ended: %s", cause)
         finally:
             if self._call is not None:
                 self._call.cancel()  # a no-op once it ended; else it would hold its channel's close
             self._id, self._task, self._call = "", None, None
-            self._reopen_at = asyncio.get_running_loop().time() + REOPEN_AFTER_S
+            self._reopen_at = asyncio.get_running_loop().time() + reopen_after
             ended = StreamEnded(cause, broken)
             for put in self._queues.values():
                 put(ended)

@@ -5,6 +5,7 @@ servicer and interceptors) with a scripted engine: the code around the engine is
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -14,6 +15,7 @@ import pytest
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
+from services.common import delivery
 from services.common.delivery import DeliveredCall, DeliveryReader
 from services.common.infer import InferStream, UpstreamError, open_infer
 from services.common.routes import CHANNEL_OPTIONS, Endpoint, RouteTable
@@ -169,7 +171,13 @@ async def test_a_call_naming_an_unknown_stream_carries_its_deltas(worker: Served
     assert events[-1].final.delivered == 0
 
 
-async def test_a_worker_without_deliver_gets_calls_that_carry_their_deltas(worker: ServedWorker) -> None:
+async def test_a_worker_without_deliver_gets_calls_that_carry_their_deltas_until_it_is_upgraded(
+        worker: ServedWorker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older worker answers `Deliver` UNIMPLEMENTED: its calls carry their deltas, and it is not
+    asked again at each call. Upgraded in place (the same address), it is asked again after
+    `ASK_AGAIN_S` and its calls' deltas go on the stream."""
+    monkeypatch.setattr(delivery, "ASK_AGAIN_S", 0.5)
+
     class OlderWorker(WorkerServicer):
         Deliver = worker_pb2_grpc.WorkerServicer.Deliver  # the generated one: UNIMPLEMENTED
 
@@ -177,16 +185,33 @@ async def test_a_worker_without_deliver_gets_calls_that_carry_their_deltas(worke
     port = older.add_insecure_port("127.0.0.1:0")
     await older.start()
     table = routing(port)
+    upgraded: grpc.aio.Server | None = None
     try:
         for n in range(3):
             text, final = await read_all(await open_infer(table, MODEL, request(f"old{n}")))
             assert (text, final.delivered) == ("".join(SCRIPT), 0)
         reader = endpoint(table).delivery
-        await until(lambda: not reader._supported, "the caller learnt the worker has no Deliver")
-        assert reader._task is None
+        await until(lambda: reader._task is None, "the caller learnt the worker has no Deliver")
+        assert (await read_all(await open_infer(table, MODEL, request("old3"))))[1].delivered == 0
+        assert reader._task is None  # not asked again at once
+        await older.stop(0)
+        upgraded = worker_server(WorkerServicer(worker.servicer.host, worker.servicer.gate))
+        assert upgraded.add_insecure_port(f"127.0.0.1:{port}") == port
+        await upgraded.start()
+        deadline = time.monotonic() + 10
+        while True:  # each call: on the stream once the reader asks again and the channel reconnected
+            try:
+                if (await read_all(await open_infer(table, MODEL, request("new"))))[1].delivered == len(SCRIPT):
+                    break
+            except UpstreamError:
+                pass  # the channel still reconnecting to the new server
+            assert time.monotonic() < deadline, "the upgraded worker's calls never went on its stream"
+            await asyncio.sleep(0.05)
     finally:
         await table.close()
         await older.stop(0)
+        if upgraded is not None:
+            await upgraded.stop(0)
 
 
 async def test_stopping_a_worker_ends_its_delivery_streams_once_their_calls_ended(
