@@ -77,6 +77,7 @@ class ScriptedEngine(Engine):
                     await self.hold.wait()
                 if request_id in self.aborted:
                     finished = True
+                    self.aborted.discard(request_id)  # a request made again under its id runs
                     yield StepOutput([ChoiceDelta(0, "", 0, finish_reason="abort")], True, len(prompt.token_ids), 0)
                     return
                 if self.fail or i == self.fail_at:

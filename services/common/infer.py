@@ -38,16 +38,21 @@ class UpstreamError(Exception):
 class Attempts:
     """The endpoints one call tries in turn, and why the last one failed. `endpoints()` yields the
     route's endpoints, best first (for a model at zero replicas: after its cold start); the caller
-    asks for the next one only after `failed()` let it. When a replica tried had gone (unreachable,
-    or its call dropped), then also those of a newer snapshot, if one arrived meanwhile or arrives
-    within `table.refresh_wait_s`: a gateway's snapshot can trail the coordinator's, and a call
-    that found only the replicas a cutover or a rescale just stopped is answered by the ones that
-    replaced them. (Busy replicas are not waited for: the caller is told at once.)"""
+    asks for the next one only after `failed()` let it. Then, once more, each whose connection
+    failed (gRPC's own UNAVAILABLE, not the worker's refusal: a GOAWAY, a reset connection), if it
+    is still routed: its channel reconnects at once, and a model with one replica would otherwise
+    answer 503 for a connection that broke under one call. When a replica tried had gone
+    (unreachable, or its call dropped), then also those of a newer snapshot, if one arrived
+    meanwhile or arrives within `table.refresh_wait_s`: a gateway's snapshot can trail the
+    coordinator's, and a call that found only the replicas a cutover or a rescale just stopped is
+    answered by the ones that replaced them. (Busy replicas are not waited for: the caller is told
+    at once.)"""
 
     def __init__(self, table: RouteTable, model: str, affinity: str | None = None) -> None:
         self.table, self.model, self.affinity = table, model, affinity
         self.last: ErrorDetails | None = None
         self.gone = False
+        self.connection_failed: set[str] = set()  # addresses to try once more
 
     async def endpoints(self) -> AsyncIterator[Endpoint]:
         """Iterate it inside `aclosing()`: the caller leaves it early on success, and an abandoned
@@ -56,6 +61,10 @@ class Attempts:
         for endpoint in table.candidates(self.model, self.affinity) or await table.cold_start(self.model):
             tried.add(endpoint.address)
             yield endpoint
+        again, self.connection_failed = self.connection_failed, set()
+        for endpoint in table.candidates(self.model, self.affinity) if again else ():
+            if endpoint.address in again:
+                yield endpoint
         if self.gone and await table.wait_newer(version, table.refresh_wait_s):
             for endpoint in table.candidates(self.model, self.affinity):
                 if endpoint.address not in tried:
@@ -75,7 +84,9 @@ class Attempts:
         if e.code() == grpc.StatusCode.UNAVAILABLE or details.dropped:
             self.gone = True
             self.table.mark_bad(endpoint)
-            log.info("%s: %s %s before the first token; trying another replica", endpoint.address,
+            if e.code() == grpc.StatusCode.UNAVAILABLE and not details.reason:  # the worker names its refusals
+                self.connection_failed.add(endpoint.address)
+            log.info("%s: %s %s before the first token; trying again", endpoint.address,
                      e.code().name, details.message)
 
     def refused(self) -> UpstreamError:

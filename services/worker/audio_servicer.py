@@ -6,6 +6,7 @@ segment) or when `Cancel` names the request.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from services.common.errors import Reason, ServiceError, invalid_parameter
 from services.worker import metrics
 from services.worker.audio_encoding import Encoder
 from services.worker.engine import Engine, TranscribeOptions, TranscriptInfo, TranscriptSegment
+from services.worker.inflight import InflightRequests
 
 if TYPE_CHECKING:
     from services.worker.request_gate import RequestGate
@@ -29,11 +31,11 @@ class AudioCalls:
     """Synthesize / Transcribe; mixed into WorkerServicer (its engine lookup, gate and in-flight set)."""
 
     gate: RequestGate
-    inflight: set[str]
+    inflight: InflightRequests
 
     if TYPE_CHECKING:  # WorkerServicer's
         def _engine_for(self, model: str) -> Engine: ...
-        def _admit(self, request_id: str) -> None: ...
+        async def _admit(self, request_id: str) -> asyncio.Event: ...
         async def _engine_failure(self, engine: Engine, request_id: str, e: Exception) -> ServiceError: ...
 
     def _audio_engine(self, model: str, speech: bool) -> Engine:
@@ -47,7 +49,7 @@ class AudioCalls:
     @contextlib.asynccontextmanager
     async def _running(self, model: str, request_id: str) -> AsyncIterator[None]:
         """In flight (Cancel by id), behind the gate, counted by outcome however it ends."""
-        self._admit(request_id)
+        admitted = await self._admit(request_id)
         outcome = "cancelled"  # unless it ends otherwise: the caller went away (or Cancel)
         try:
             async with self.gate.admitted(request_id):
@@ -58,7 +60,7 @@ class AudioCalls:
                 "cancelled" if e.code == grpc.StatusCode.CANCELLED else "failed")
             raise
         finally:
-            self.inflight.discard(request_id)
+            self.inflight.release(request_id, admitted)
             metrics.REQUESTS.labels(model, outcome).inc()
 
     async def Synthesize(self, request: pb.SynthesizeRequest, context) -> AsyncIterator[pb.SynthesizeEvent]:

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import grpc
@@ -29,6 +29,7 @@ from services.worker.audio_servicer import AudioCalls
 from services.worker.delivery import Deliveries
 from services.worker.engine import ChoiceDelta, Engine, Prompt, RenderRequest
 from services.worker.host import ModelHost
+from services.worker.inflight import InflightRequests
 from services.worker.parsers import StreamParser
 from services.worker.request_gate import RequestGate
 from services.worker.sampling import Sampling, sampling_from_request
@@ -38,13 +39,14 @@ FINISH = {"stop": worker_pb2.FINISH_REASON_STOP, "length": worker_pb2.FINISH_REA
           "abort": worker_pb2.FINISH_REASON_CANCELLED}
 ENGINE_DIED_RETRY_S = 2.0
 DEATH_GRACE_S = 0.5  # how long a failed request waits to see whether the engine died under it
+SUPERSEDE_WAIT_S = 2.0  # how long a request made again waits for its older call to end
 
 
 class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
     def __init__(self, host: ModelHost, gate: RequestGate | None = None) -> None:
         self.host = host
         self.gate = gate or RequestGate()
-        self.inflight: set[str] = set()  # running or queued (Cancel by id, the autoscaler's load)
+        self.inflight = InflightRequests()  # running or queued (Cancel by id, the autoscaler's load)
         self.deliveries = Deliveries()
 
     # ---- Load --------------------------------------------------------------------------------
@@ -75,7 +77,7 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
             raise await self._engine_failure(engine, request.request_id, e) from e
         self._check_context(engine, prompt, sampling)
         request_id = request.request_id or uuid.uuid4().hex
-        self._admit(request_id)
+        admitted = await self._admit(request_id)
         outcome = "cancelled"  # unless it ends otherwise: the caller went away (or Cancel)
         delivery, tag, delivered = self.deliveries.attach(request), request.delivery.tag, 0
         try:
@@ -95,7 +97,7 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
             outcome = "refused" if e.reason == Reason.OVERLOADED else "failed"
             raise
         finally:  # released however the call ends (finished, refused, cancelled)
-            self.inflight.discard(request_id)
+            self.inflight.release(request_id, admitted)
             if delivery is not None:
                 delivery.detach()
             metrics.REQUESTS.labels(request.model, outcome).inc()
@@ -174,11 +176,6 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, Reason.NOT_READY,
                                f"model {model!r} is still loading", retry_after_s=1.0)
         return self.host.engine
-
-    def _admit(self, request_id: str) -> None:
-        if request_id in self.inflight:
-            raise invalid_parameter("request_id", f"request id {request_id!r} is already running")
-        self.inflight.add(request_id)
 
     async def _engine_failure(self, engine: Engine, request_id: str, e: Exception) -> ServiceError:
         """A request the engine failed: retryable (UNAVAILABLE: another replica, or this one once Serve
@@ -259,11 +256,25 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
             usage=common_pb2.Usage(prompt_tokens=tokens))
 
     async def Cancel(self, request: worker_pb2.CancelRequest, context) -> worker_pb2.CancelResponse:
-        known = [rid for rid in dict.fromkeys(request.request_ids) if rid in self.inflight]
+        return worker_pb2.CancelResponse(cancelled=await self._cancel(request.request_ids))
+
+    async def _cancel(self, request_ids: Iterable[str]) -> list[str]:
+        """End the requests of these ids running or queued here (each call ends with its Final)."""
+        known = [rid for rid in dict.fromkeys(request_ids) if rid in self.inflight]
         running = [rid for rid in known if not self.gate.cancel_waiting(rid)]  # queued ones end right here
         if running and self.host.engine is not None:
             await self.host.engine.abort(running)
-        return worker_pb2.CancelResponse(cancelled=known)
+        return known
+
+    async def _admit(self, request_id: str) -> asyncio.Event:
+        """Count a request in (release it with what this returns). One of the same id still running
+        here is that request made again (services/worker/inflight.py): the older call is cancelled,
+        and this one runs once it ended."""
+        if request_id in self.inflight:
+            await self._cancel([request_id])
+            if not await self.inflight.ended(request_id, SUPERSEDE_WAIT_S):
+                raise invalid_parameter("request_id", f"request id {request_id!r} is already running")
+        return self.inflight.add(request_id)
 
     async def GetLoad(self, request: worker_pb2.GetLoadRequest, context) -> worker_pb2.LoadReport:
         engine = self.host.engine

@@ -18,6 +18,7 @@ from services.common.picker import PrefixAffinity
 from services.common.routes import RouteTable
 from tests.engine_double import ScriptedEngine, ServedWorker, serve_worker
 from tests.helpers import until
+from tests.tcp_proxy import TcpProxy
 
 MODEL = "m"
 
@@ -232,3 +233,60 @@ async def test_without_a_newer_snapshot_the_call_is_refused_after_the_wait():
         assert info.value.details.code == grpc.StatusCode.UNAVAILABLE
     finally:
         await table.close()
+
+
+async def test_a_call_whose_connection_broke_before_the_first_event_is_made_again_on_its_one_replica():
+    """One replica, and the connection to it breaks under a call still waiting for its first event
+    (a GOAWAY, a reset): the channel reconnects at once, so the call is made there once more, not
+    refused 503. Before, it waited for a newer snapshot and was refused."""
+    worker = await serve_worker(ScriptedEngine(["a", "b"]), name=MODEL)
+    worker.engine.first_hold.clear()
+    proxy = await TcpProxy(worker.port).start()
+    table = routing(proxy.port)
+    address = f"127.0.0.1:{proxy.port}"
+    aborted: list[str] = []
+    abort = worker.engine.abort
+    worker.engine.abort = lambda ids: aborted.extend(ids) or abort(ids)  # type: ignore[method-assign]
+    try:
+        opening = asyncio.create_task(open_infer(table, MODEL, request("cut")))
+        await until(lambda: worker.engine.started == ["cut"], "the call to reach the engine")
+        proxy.cut()
+        await until(lambda: worker.engine.started == ["cut", "cut"], "the call to be made again")
+        assert proxy.connections == 2 and not opening.done()
+        worker.engine.first_hold.set()
+        stream = await opening
+        assert [e.WhichOneof("event") async for e in stream] == ["delta", "delta", "final"]
+        stream.close()
+        # The first attempt's engine request ended: cancelled with its call, or aborted by the
+        # second one when that came before the worker saw the connection go.
+        assert worker.engine.cancelled + aborted == ["cut"]
+        assert address not in table.breaker._circuits  # its success reset the failure count
+        await until(lambda: not worker.servicer.inflight, "the worker to finish")
+    finally:
+        worker.engine.first_hold.set()
+        await table.close()
+        await proxy.close()
+        await worker.server.stop(0)
+
+
+async def test_a_replica_that_refuses_is_not_asked_again():
+    """The same-replica retry is for broken connections only: a worker's own UNAVAILABLE (here: not
+    ready) names its reason, and the call is refused after one try there."""
+    loading = await serve_worker(ScriptedEngine(["a"]), name=MODEL, ready=False)
+    table = routing(loading.port)
+    table.refresh_wait_s = 0.05
+    calls = []
+    original = table.routes[MODEL].endpoints[0].delivery.infer
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    table.routes[MODEL].endpoints[0].delivery.infer = counted
+    try:
+        with pytest.raises(UpstreamError) as info:
+            await open_infer(table, MODEL, request("loading"))
+        assert info.value.details.reason == "NOT_READY" and len(calls) == 1
+    finally:
+        await table.close()
+        await loading.server.stop(0)

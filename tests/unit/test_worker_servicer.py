@@ -67,18 +67,24 @@ async def test_context_check_counts_max_tokens(served):
     assert (await collect(stub, request)).text == "x"
 
 
-async def test_admission_limit_and_duplicate_ids(served):
+async def test_admission_limit_and_a_request_made_again(served):
+    """One engine place: another request is refused OVERLOADED. The same request id again (its
+    caller made it again: the connection broke before the first token, possibly unseen here)
+    supersedes the running call: that one is cancelled like a Cancel by id, then the new one runs."""
     engine = ScriptedEngine(["a", "b"])
     engine.hold.clear()
     stub = await served(engine, max_ongoing=1)
     first = stub.Infer(chat("hi", model="m", request_id="r1"))
     await first.read()
-    for request_id, reason in (("r1", "INVALID_PARAMETER"), ("r2", "OVERLOADED")):
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await collect(stub, chat("hi", model="m", request_id=request_id))
-        assert ErrorDetails.from_rpc_error(info.value).reason == reason
-    engine.hold.set()
-    assert [e.WhichOneof("event") for e in await read_rest(first)] == ["delta", "final"]
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await collect(stub, chat("hi", model="m", request_id="r2"))
+    assert ErrorDetails.from_rpc_error(info.value).reason == "OVERLOADED"
+    again = stub.Infer(chat("hi", model="m", request_id="r1"))
+    assert (await read_rest(first))[-1].final.choices[0].finish_reason == pb.FINISH_REASON_CANCELLED
+    events = await read_rest(again)
+    assert [e.WhichOneof("event") for e in events] == ["delta", "delta", "final"]
+    assert events[-1].final.choices[0].finish_reason == pb.FINISH_REASON_STOP
+    assert engine.started == ["r1", "r1"]
 
 
 async def test_cancel_by_id_ends_the_stream_cancelled(served):
