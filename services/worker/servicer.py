@@ -272,8 +272,10 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         and this one runs once it ended."""
         if request_id in self.inflight:
             await self._cancel([request_id])
-            if not await self.inflight.ended(request_id, SUPERSEDE_WAIT_S):
-                raise invalid_parameter("request_id", f"request id {request_id!r} is already running")
+            if not await self.inflight.ended(request_id, SUPERSEDE_WAIT_S):  # retryable: elsewhere, or here soon
+                raise ServiceError(grpc.StatusCode.UNAVAILABLE, Reason.ERROR_REASON_UNSPECIFIED,
+                                   f"request {request_id!r} is still ending here; it was made again too soon",
+                                   retry_after_s=1.0)
         return self.inflight.add(request_id)
 
     async def GetLoad(self, request: worker_pb2.GetLoadRequest, context) -> worker_pb2.LoadReport:

@@ -87,6 +87,28 @@ async def test_admission_limit_and_a_request_made_again(served):
     assert engine.started == ["r1", "r1"]
 
 
+async def test_a_request_made_again_whose_older_call_does_not_end_is_refused_retryable(served, monkeypatch):
+    """The older call did not end within the wait (here: an engine whose abort does nothing): the new
+    one is refused UNAVAILABLE with a retry delay (a 503, not the client's 400), the older runs on."""
+    monkeypatch.setattr("services.worker.servicer.SUPERSEDE_WAIT_S", 0.05)
+    engine = ScriptedEngine(["a", "b"])
+    engine.hold.clear()
+
+    async def ignored(request_ids):
+        pass
+
+    engine.abort = ignored
+    stub = await served(engine)
+    first = stub.Infer(chat("hi", model="m", request_id="r1"))
+    await first.read()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await collect(stub, chat("hi", model="m", request_id="r1"))
+    details = ErrorDetails.from_rpc_error(info.value)
+    assert (details.code, details.retry_after_s) == (grpc.StatusCode.UNAVAILABLE, 1.0) and details.reason
+    engine.hold.set()
+    assert [e.WhichOneof("event") for e in await read_rest(first)] == ["delta", "final"]
+
+
 async def test_cancel_by_id_ends_the_stream_cancelled(served):
     engine = ScriptedEngine(["a", "b", "c"])
     engine.hold.clear()
