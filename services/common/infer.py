@@ -36,17 +36,17 @@ class UpstreamError(Exception):
 
 
 class Attempts:
-    """The endpoints one call tries in turn, and why the last one failed. `endpoints()` yields the
-    route's endpoints, best first (for a model at zero replicas: after its cold start); the caller
-    asks for the next one only after `failed()` let it. Then, once more, each whose connection
-    failed (gRPC's own UNAVAILABLE, not the worker's refusal: a GOAWAY, a reset connection), if it
-    is still routed: its channel reconnects at once, and a model with one replica would otherwise
-    answer 503 for a connection that broke under one call. When a replica tried had gone
-    (unreachable, or its call dropped), then also those of a newer snapshot, if one arrived
-    meanwhile or arrives within `table.refresh_wait_s`: a gateway's snapshot can trail the
-    coordinator's, and a call that found only the replicas a cutover or a rescale just stopped is
-    answered by the ones that replaced them. (Busy replicas are not waited for: the caller is told
-    at once.)"""
+    """The endpoints one call tries in turn, and why the last one failed. `endpoints()` yields, the
+    caller asking for the next only after `failed()` let it:
+    1. the route's endpoints, best first (for a model at zero replicas: after its cold start);
+    2. once more, each of those whose connection failed (gRPC's own UNAVAILABLE: a GOAWAY, a reset;
+       a worker's refusals name their reason) and that is still routed: its channel reconnects at
+       once, and a model with one replica would otherwise answer 503 for one broken connection;
+    3. when a replica tried had gone (unreachable, or its call dropped), those of a newer snapshot,
+       if one arrived meanwhile or arrives within `table.refresh_wait_s`: a gateway's snapshot can
+       trail the coordinator's, and a call that found only the replicas a cutover or a rescale just
+       stopped is answered by the ones that replaced them.
+    Busy replicas are not waited for: the caller is told at once."""
 
     def __init__(self, table: RouteTable, model: str, affinity: str | None = None) -> None:
         self.table, self.model, self.affinity = table, model, affinity
@@ -62,9 +62,10 @@ class Attempts:
             tried.add(endpoint.address)
             yield endpoint
         again, self.connection_failed = self.connection_failed, set()
-        for endpoint in table.candidates(self.model, self.affinity) if again else ():
-            if endpoint.address in again:
-                yield endpoint
+        if again:
+            for endpoint in table.candidates(self.model, self.affinity):
+                if endpoint.address in again:
+                    yield endpoint
         if self.gone and await table.wait_newer(version, table.refresh_wait_s):
             for endpoint in table.candidates(self.model, self.affinity):
                 if endpoint.address not in tried:
