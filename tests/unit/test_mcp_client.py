@@ -7,9 +7,11 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import pytest
 
 from services.common.vocabulary import ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S
@@ -200,6 +202,31 @@ async def test_cancelling_a_call_closes_it_promptly(server: McpTestServer) -> No
         await asyncio.sleep(0.01)
     assert {t for t in asyncio.all_tasks() - before if not t.done()} == set()  # nothing left behind
     assert await asyncio.to_thread(server.wait_cancelled, "slow", 5)  # the server saw its request go away
+
+
+async def test_a_cancelled_call_stays_cancelled_when_its_session_breaks_while_closing(monkeypatch) -> None:
+    """Seen once in a full run: cancelled mid-call, the MCP session's teardown raised
+    BrokenResourceError. Mapped like any failure, the cancellation became McpUnavailable and the
+    caller's task went on as if the server were down. The session here breaks that way every time."""
+    started = asyncio.Event()
+
+    @asynccontextmanager
+    async def breaking_on_close(self: McpClient, statuses: list[int]) -> AsyncIterator[object]:
+        try:
+            yield object()
+        finally:
+            raise anyio.BrokenResourceError()
+
+    async def slow(_: object) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(McpClient, "_connect", breaking_on_close)
+    task = asyncio.create_task(client("http://127.0.0.1:9/mcp")._run("call 'slow'", slow))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
 
 async def test_a_server_that_refuses_to_list_is_a_tool_error_naming_it() -> None:

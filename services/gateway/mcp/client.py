@@ -14,6 +14,7 @@ once; the server sees its request go away."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -161,6 +162,9 @@ class McpClient:
         except TimeoutError:
             raise self._unavailable(what, f"no answer within {self.timeout_s:g} s") from None
         except Exception as e:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # a session that broke as it closed: still a cancel
+                raise asyncio.CancelledError() from e
             raise self._failure(what, e, statuses) from None
 
     def _failure(self, what: str, error: Exception, statuses: list[int]) -> Exception:
