@@ -28,6 +28,7 @@ class Failure:
     started: float
     ended: float
     error: str
+    client: int = 0  # which client thread sent it (each sends one request at a time)
 
 
 class LoadGenerator:
@@ -45,14 +46,14 @@ class LoadGenerator:
         self.failed: list[Failure] = []  # the same, with when each failed request started and ended
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._loop, args=(i % 2 == 1,), daemon=True, name=f"load-{i}")
+        self._threads = [threading.Thread(target=self._loop, args=(i, i % 2 == 1), daemon=True, name=f"load-{i}")
                          for i in range(clients)]
 
     @property
     def ok(self) -> int:
         return len(self.samples)
 
-    def _loop(self, streamed: bool) -> None:
+    def _loop(self, client: int, streamed: bool) -> None:
         with httpx.Client(base_url=self.base_url, timeout=self.timeout_s, headers=self.headers) as http:
             while not self._stop.is_set():
                 t0 = time.monotonic()
@@ -63,7 +64,7 @@ class LoadGenerator:
                 with self._lock:
                     if error:
                         self.failures.append(f"{'stream' if streamed else 'request'}: {error}")
-                        self.failed.append(Failure(t0, time.monotonic(), self.failures[-1]))
+                        self.failed.append(Failure(t0, time.monotonic(), self.failures[-1], client))
                     else:
                         self.samples.append(Sample(t0, time.monotonic() - t0, streamed, server))
                 streamed = not streamed

@@ -113,12 +113,18 @@ def test_gateways_scale_out_under_load_and_a_killed_one_fails_only_its_in_flight
               timeout_s=120)
         assert load.failures == []  # the new replica took traffic only once it had the routes
         victim = res.find("mship-gateway")[0]
+        kill_sent = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL)
-        victim.wait(10)  # gone, its listening socket with it (a connection made before may still fail)
-        killed_at = time.monotonic()
+        victim.wait(10)  # gone, its listening socket with it
+        gone_at = time.monotonic()
         load.wait_for(20)  # the other replica (and then the replacement) serve the clients
-    in_flight = [f for f in load.failed if f.started < killed_at]
-    assert len(load.failed) == len(in_flight) <= 3 * GATEWAY_TARGET, load.failed  # nothing started later failed
+    # Failed: the requests in flight on the victim, and connections the kernel still queued on its
+    # listening socket while it died (tens of ms): Linux resets those when the socket closes (unless
+    # net.ipv4.tcp_migrate_req=1), so a client whose request broke can lose its next one too.
+    timeline = [(f.client, round(f.started - kill_sent, 4), round(f.ended - kill_sent, 4), f.error)
+                for f in load.failed]
+    outside = [f for f in load.failed if f.ended < kill_sent or f.started >= gone_at]
+    assert outside == [], (gone_at - kill_sent, timeline)  # none before the kill, none started once it was gone
     assert_clean(load.failures, transport=True)
     until(lambda: len(res.find("mship-gateway")) >= 1 and
           httpx.get(f"{res.base_url}/readyz", timeout=5).status_code == 200, "ready again", timeout_s=60)
