@@ -18,7 +18,7 @@ from mship.worker.v1 import worker_pb2 as pb
 from services.gateway.chat.protocol import parse_chat_request
 from services.gateway.chat.protocol import to_infer_request as chat_to_infer
 from services.gateway.chat.protocol_output import ChatCompletionAssembler, ChatStreamEncoder
-from services.gateway.edge.sse import SSE_DONE, sse_event
+from services.gateway.edge.sse import SSE_DONE, sse_event, sse_response_event
 from services.gateway.protocol_common.openai_error import OpenAIError
 from tests.unit.chat_requests import USER, WEATHER, chat_body
 from tests.unit.worker_events import LENGTH, STOP, TEXT, THINKING, TOOL_CALL, delta, final, lp
@@ -214,10 +214,11 @@ def test_stream_encoder_for_request():
 
 
 def test_sse_framing():
-    frame = sse_event({"a": "é", "b": [1]})
-    assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
-    assert json.loads(frame[len(b"data: "):]) == {"a": "é", "b": [1]}
+    frame = sse_event({"a": "é 🙂", "b": [1, None], 2: 0.5})
+    assert frame == 'data: {"a":"é 🙂","b":[1,null],"2":0.5}\n\n'.encode()  # compact, UTF-8 unescaped
     assert SSE_DONE == b"data: [DONE]\n\n"
+    assert sse_response_event({"type": "response.created", "x": 1}) == (
+        b'event: response.created\ndata: {"type":"response.created","x":1}\n\n')
 
 
 # ---- the official SDK end to end (no network: httpx.MockTransport) ---------------------------------------
