@@ -1,0 +1,87 @@
+"""A gateway replica scaled down drains: two HTTP servers share one port (SO_REUSEPORT) as gateway
+replicas on a node do; one drains while clients open a connection per request, spread over both by
+the kernel. No request may fail: the drained one finishes what it accepted, the other takes the rest.
+(A SIGKILLed replica is another matter: tests/integration/test_resilience.py.)
+
+Linux resets the connections still queued on an SO_REUSEPORT socket when it closes, unless
+`net.ipv4.tcp_migrate_req` is 1 (then it hands them to another socket of the group). With it 0 a
+drain under CPU load lost a request in 3 of 20 runs (two CPU burners beside it); with it 1, in none
+of 12. So the test must pass with the setting, and is an expected failure without it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.gateway.edge.http_server import ReusePortServer
+from tests.helpers import until
+
+CLIENTS = 8
+MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
+
+
+def migrates_queued_connections() -> bool:
+    try:
+        return MIGRATE_REQ.read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+async def slow_app(scope, receive, send) -> None:
+    """20 ms a request, so that requests are in flight when the drain starts."""
+    while (await receive())["type"] != "http.request":
+        pass
+    await asyncio.sleep(0.02)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+class Clients:
+    def __init__(self, url: str) -> None:
+        self.url, self.served, self.failures = url, Counter[str](), list[str]()
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(CLIENTS)]
+        for t in self._threads:
+            t.start()
+
+    def _loop(self) -> None:
+        with httpx.Client(headers={"connection": "close"}, timeout=10) as http:
+            while not self._stop.is_set():
+                try:
+                    r = http.get(self.url)
+                    r.raise_for_status()
+                    with self._lock:
+                        self.served[r.headers["x-mship-gateway"]] += 1
+                except httpx.HTTPError as e:
+                    with self._lock:
+                        self.failures.append(repr(e))
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(15)
+
+
+@pytest.mark.xfail(not migrates_queued_connections(), strict=False,
+                   reason="net.ipv4.tcp_migrate_req=0: Linux resets connections queued on a closing socket")
+async def test_a_drained_gateway_loses_no_request_while_another_shares_its_port():
+    kept = ReusePortServer(slow_app, "127.0.0.1", 0, server_id="kept", drain_s=0.3)
+    kept.start()
+    drained = ReusePortServer(slow_app, "127.0.0.1", kept.port, server_id="drained", drain_s=0.3)
+    drained.start()
+    clients = Clients(f"http://127.0.0.1:{kept.port}/")
+    try:
+        await until(lambda: min(clients.served["kept"], clients.served["drained"]) >= 20, "both serve",
+                    timeout_s=30)
+        await drained.drain_and_stop()
+        served = clients.served["kept"]
+        await until(lambda: clients.served["kept"] >= served + 100, "the other serves on", timeout_s=30)
+    finally:
+        clients.stop()
+        await kept.drain_and_stop()
+    assert clients.failures == []
