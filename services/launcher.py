@@ -207,6 +207,7 @@ class Platform:
 
         from services.coordinator.deployment import CoordinatorDeployment
         from services.gateway.deployment import GatewayDeployment
+        from services.gateway.edge.http_server import migrates_queued_connections
         from services.gateway.responses.compaction import CompactionCodec
         from services.state.deployment import StateDeployment
 
@@ -229,6 +230,10 @@ class Platform:
         serve.run(CoordinatorDeployment.options(**on_head).bind(
             cfg.host, cfg.coordinator_port, cfg.state_address, cfg.coordinator_address, cfg.expected_models),
             name=COORDINATOR_APP, route_prefix=None)
+        if max(cfg.gateway_replicas, cfg.gateway_max_replicas) > 1 and not migrates_queued_connections():
+            log.warning("net.ipv4.tcp_migrate_req is 0: a gateway replica that crashes or is scaled down resets "
+                        "the connections the kernel queued on its port; `sysctl -w net.ipv4.tcp_migrate_req=1` "
+                        "hands them to another replica (docs/operations.md, Gateway replicas)")
         serve.run(GatewayDeployment.options(**gateway_options(cfg, GatewayDeployment.ray_actor_options)).bind(
             cfg.host, cfg.http_port, cfg.coordinator_address, cfg.state_address, rate_store=cfg.state_store),
             name=GATEWAY_APP, route_prefix=None)

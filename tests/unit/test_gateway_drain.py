@@ -13,23 +13,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import pytest
 
-from services.gateway.edge.http_server import ReusePortServer
+from services.gateway.edge.http_server import ReusePortServer, migrates_queued_connections
 from tests.helpers import until
 
 CLIENTS = 8
-MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
-
-
-def migrates_queued_connections() -> bool:
-    try:
-        return MIGRATE_REQ.read_text().strip() == "1"
-    except OSError:
-        return False
 
 
 async def slow_app(scope, receive, send) -> None:

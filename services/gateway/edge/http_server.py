@@ -14,8 +14,11 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import uvicorn
+
+MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
 
 
 class _Tracker:
@@ -42,6 +45,16 @@ class _Tracker:
             await self.app(scope, receive, tracked_send)
         finally:
             owner.inflight -= 1
+
+
+def migrates_queued_connections() -> bool:
+    """Whether Linux hands the connections queued on a closing SO_REUSEPORT socket to another socket
+    of its group (`net.ipv4.tcp_migrate_req`). Else it resets them: a gateway replica that crashes or
+    drains beside others can fail a few connections it never accepted."""
+    try:
+        return MIGRATE_REQ.read_text().strip() == "1"
+    except OSError:
+        return False
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:
