@@ -15,7 +15,7 @@ per token under it) and bench/mux_floor.py (one stream per worker carrying every
 in one message per step, in front of a multiplexing worker toy of its own).
 
   .venv/bin/python bench/gateway_cpu.py [--tree . --tree /tmp/base] [--floor] [--step-ms 4] [--tokens 256]
-                                        [--rounds 5] [--json out.json]
+                                        [--rounds 5] [--repeat 1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -119,8 +119,13 @@ async def stream(http: httpx.AsyncClient, tokens: int) -> tuple[int, float]:
     return n, ttft
 
 
+async def streams(http: httpx.AsyncClient, tokens: int, repeat: int) -> list[tuple[int, float]]:
+    """`repeat` streamed chats one after another."""
+    return [await stream(http, tokens) for _ in range(repeat)]
+
+
 async def measure(gateways: dict[str, tuple[psutil.Process, str, psutil.Process]], concurrency: int,
-                  rounds: int, tokens: int) -> dict[str, dict[str, float]]:
+                  rounds: int, tokens: int, repeat: int = 1) -> dict[str, dict[str, float]]:
     cpu = {name: {"gateway": 0.0, "worker": 0.0, "tokens": 0, "rate": [], "ttft": []} for name in gateways}
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     clients = {name: httpx.AsyncClient(base_url=edge[1], timeout=60, limits=limits) for name, edge in gateways.items()}
@@ -131,7 +136,8 @@ async def measure(gateways: dict[str, tuple[psutil.Process, str, psutil.Process]
             for name, http in clients.items():  # interleaved: drift on the box hits every tree alike
                 proc, _, worker = gateways[name]
                 g0, w0, t0 = sum(proc.cpu_times()[:2]), sum(worker.cpu_times()[:2]), time.perf_counter()
-                done = await asyncio.gather(*[stream(http, tokens) for _ in range(concurrency)])
+                done = [one for many in await asyncio.gather(*[streams(http, tokens, repeat)
+                                                               for _ in range(concurrency)]) for one in many]
                 wall, n = time.perf_counter() - t0, sum(tokens for tokens, _ in done)
                 c = cpu[name]
                 c["ttft"] += [ttft for _, ttft in done]
@@ -171,6 +177,8 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=4.0, help="the double's engine step")
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=1, help="chats each stream makes in turn per round "
+                   "(with --tokens 1: the per-request cost)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     from services.launcher import gateway_env
@@ -207,7 +215,8 @@ def main() -> None:
                     raise RuntimeError(f"the {name} edge did not start")
                 gateways[name] = (psutil.Process(edge.pid), url, behind)
         table = {str(c): asyncio.run(measure(gateways, c,
-                                             max(args.rounds, -(-30 // c)), args.tokens)) for c in (1, 8, 32)}
+                                             max(args.rounds, -(-30 // c)), args.tokens, args.repeat))
+                 for c in (1, 8, 32)}
     finally:
         for proc in procs:
             proc.terminate()

@@ -4,6 +4,7 @@ the response object (float and base64 encodings of the same float32 vector)."""
 from __future__ import annotations
 
 import base64
+import math
 import struct
 
 import pytest
@@ -118,3 +119,14 @@ def test_a_worker_answer_with_the_wrong_count_is_a_500_not_a_wrong_answer():
     with pytest.raises(OpenAIError) as e:
         embedding_list(req(input=["a", "b"]), reply(VECTORS[0]))
     assert e.value.status == 500
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_vector_json_cannot_carry_is_a_500_in_floats_and_its_bits_in_base64(bad):
+    with pytest.raises(OpenAIError) as e:
+        embedding_list(req(input=["a"]), reply([0.5, bad, 1.0]))
+    assert e.value.status == 500
+    b64 = embedding_list(req(input=["a"], encoding_format="base64"), reply([0.5, bad, 1.0]))
+    raw = base64.b64decode(b64["data"][0]["embedding"])
+    value = struct.unpack("<3f", raw)[1]
+    assert math.isnan(value) if math.isnan(bad) else value == bad

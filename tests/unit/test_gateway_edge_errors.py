@@ -49,6 +49,11 @@ async def test_request_validation_errors(workers, client):
 
     err = error_of(await client.get("/v1/nothing-here"), 404)
     assert err["type"] == "invalid_request_error"
+
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+                 "/v1/audio/speech"):  # the POST-only routes
+        r = await client.get(path)
+        assert error_of(r, 405)["type"] == "invalid_request_error" and r.headers["allow"] == "POST", path
     assert served_by(*workers) == [0, 0]  # none of these reached a worker
 
 

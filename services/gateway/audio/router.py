@@ -62,6 +62,6 @@ def audio_router(speech: SpeechServing, transcriptions: TranscriptionServing) ->
         except (ClientDisconnected, ClientDisconnect):
             return Response(status_code=CLIENT_CLOSED)
 
-    router.add_api_route("/v1/audio/speech", create_speech, methods=["POST"])
-    router.add_api_route("/v1/audio/transcriptions", create_transcription, methods=["POST"])
+    router.add_route("/v1/audio/speech", create_speech, methods=["POST"])  # plain, as `post_router`'s
+    router.add_route("/v1/audio/transcriptions", create_transcription, methods=["POST"])
     return router

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import base64
+import math
 import struct
 from typing import Annotated, Any, Literal
 
@@ -85,7 +86,12 @@ def encode_vector(values: Any, encoding_format: str | None) -> list[float] | str
     """A vector as JSON numbers, or (`base64`) its little-endian float32 bytes, as OpenAI sends them."""
     if encoding_format == "base64":
         return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode("ascii")
-    return list(values)
+    vector = list(values)
+    # JSON has no NaN or infinity (the encoder would write null): a broken model's vector is a 500,
+    # never a wrong answer. One sum tells, exactly: float32 values cannot add up to infinity here.
+    if not math.isfinite(sum(vector)):
+        raise internal_error()
+    return vector
 
 
 def embedding_list(req: EmbeddingRequest, reply: pb.EmbedResponse) -> dict[str, Any]:

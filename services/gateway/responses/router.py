@@ -39,13 +39,15 @@ def _int_param(http: Request, name: str, default: int) -> int:
 def responses_router() -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/responses")
     async def create_response(request: Request) -> Response:
         return await watched(request, _serving(request).create)
 
-    @router.post("/v1/responses/compact")
     async def compact_response(request: Request) -> Response:
         return await watched(request, _serving(request).compact)
+
+    # plain routes, as `post_router`'s: the endpoint reads the request itself
+    router.add_route("/v1/responses", create_response, methods=["POST"])
+    router.add_route("/v1/responses/compact", compact_response, methods=["POST"])
 
     @router.get("/v1/responses/{response_id}")
     async def get_response(request: Request, response_id: str) -> Response:
