@@ -12,7 +12,8 @@ one), all in front of the same worker, interleaved round by round: a before/afte
 `--floor` adds two floors beside them, edges that do nothing but carry tokens: bench/edge_floor.py
 (one Infer stream per request, the platform's contract: the least any separate Python edge spends
 per token under it) and bench/mux_floor.py (one stream per worker carrying every request's deltas
-in one message per step, in front of a multiplexing worker toy of its own).
+in one message per step, in front of a multiplexing worker toy of its own). `--repeat N` has each
+stream make N chats in turn per round: with `--tokens 1`, the CPU columns are per request.
 
   .venv/bin/python bench/gateway_cpu.py [--tree . --tree /tmp/base] [--floor] [--step-ms 4] [--tokens 256]
                                         [--rounds 5] [--repeat 1] [--json out.json]
