@@ -18,6 +18,7 @@ from mship.worker.v1 import worker_pb2 as pb
 from services.gateway.chat.protocol import parse_chat_request
 from services.gateway.chat.protocol import to_infer_request as chat_to_infer
 from services.gateway.chat.protocol_output import ChatCompletionAssembler, ChatStreamEncoder
+from services.gateway.edge.answer import answer
 from services.gateway.edge.sse import SSE_DONE, sse_event, sse_response_event
 from services.gateway.protocol_common.openai_error import OpenAIError
 from tests.unit.chat_requests import USER, WEATHER, chat_body
@@ -219,6 +220,12 @@ def test_sse_framing():
     assert SSE_DONE == b"data: [DONE]\n\n"
     assert sse_response_event({"type": "response.created", "x": 1}) == (
         b'event: response.created\ndata: {"type":"response.created","x":1}\n\n')
+
+
+def test_a_whole_answer_is_the_same_compact_utf8_json():
+    r = answer({"a": "é 🙂", "b": [1, None], 2: 0.5})
+    assert r.body == '{"a":"é 🙂","b":[1,null],"2":0.5}'.encode()
+    assert r.headers["content-type"] == "application/json" and r.status_code == 200
 
 
 # ---- the official SDK end to end (no network: httpx.MockTransport) ---------------------------------------
