@@ -1,6 +1,7 @@
-"""The edge's one JSON encoder for what it answers: compact UTF-8 by orjson (a chat chunk in ~0.4 µs
-against the standard library's ~3.3; a 16 × 384 float embedding list in ~0.14 ms against ~2.8).
-Error bodies are the exception: they echo client input, so `errors.py` writes them as ASCII."""
+"""The JSON of what the inference endpoints answer, streamed chunks and whole bodies alike: compact
+UTF-8 by orjson (a chat chunk in ~0.4 µs against the standard library's ~3.3; a 16 × 384 float
+embedding list in ~0.14 ms against ~2.8). Error bodies echo client input, so `errors.py` writes them
+as ASCII; the rare answers of `/v1/models` and `/readyz` keep FastAPI's encoder."""
 
 from __future__ import annotations
 
