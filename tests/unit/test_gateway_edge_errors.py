@@ -51,7 +51,7 @@ async def test_request_validation_errors(workers, client):
     assert err["type"] == "invalid_request_error"
 
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
-                 "/v1/audio/speech"):  # the POST-only routes
+                 "/v1/audio/speech", "/v1/audio/transcriptions"):  # the POST-only routes
         r = await client.get(path)
         assert error_of(r, 405)["type"] == "invalid_request_error" and r.headers["allow"] == "POST", path
     assert served_by(*workers) == [0, 0]  # none of these reached a worker

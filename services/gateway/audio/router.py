@@ -10,7 +10,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from services.gateway.audio.protocol_transcription import TranscriptionForm, UploadedFile
 from services.gateway.audio.serving import AudioStream, SpeechServing, TextAnswer, TranscriptionServing
-from services.gateway.edge.answer import answer
+from services.gateway.edge.answer import add_post, answer
 from services.gateway.edge.disconnect import ClientDisconnected, unless_disconnected
 from services.gateway.edge.errors import CLIENT_CLOSED
 from services.gateway.edge.sse import ReleasingResponse
@@ -62,6 +62,6 @@ def audio_router(speech: SpeechServing, transcriptions: TranscriptionServing) ->
         except (ClientDisconnected, ClientDisconnect):
             return Response(status_code=CLIENT_CLOSED)
 
-    router.add_route("/v1/audio/speech", create_speech, methods=["POST"])  # plain, as `post_router`'s
-    router.add_route("/v1/audio/transcriptions", create_transcription, methods=["POST"])
+    add_post(router, "/v1/audio/speech", create_speech)
+    add_post(router, "/v1/audio/transcriptions", create_transcription)
     return router

@@ -55,13 +55,17 @@ async def watched(request: Request, method: ServingMethod) -> Response:
         return Response(status_code=CLIENT_CLOSED)
 
 
+def add_post(router: APIRouter, path: str, endpoint: Callable[[Request], Awaitable[Response]]) -> None:
+    """A POST route whose endpoint reads the request itself: a plain Starlette route, since FastAPI's
+    per-request parameter solving would only cost time (40-90 µs of a ~1.1 ms request, measured)."""
+    router.add_route(path, endpoint, methods=["POST"])
+
+
 def post_router(path: str, method: ServingMethod) -> APIRouter:
-    """A router with one POST endpoint served by `method` (chat, completions)."""
+    """A router with one POST endpoint served by `method` (chat, completions, embeddings)."""
     async def endpoint(request: Request) -> Response:
         return await watched(request, method)
 
     router = APIRouter()
-    # A plain Starlette route: the endpoint reads the request itself, so FastAPI's per-request
-    # parameter solving would only cost time (40-90 µs of a ~1.1 ms request, measured).
-    router.add_route(path, endpoint, methods=["POST"])
+    add_post(router, path, endpoint)
     return router

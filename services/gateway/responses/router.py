@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request, WebSocket
 from fastapi.responses import Response
 
-from services.gateway.edge.answer import answer, watched
+from services.gateway.edge.answer import add_post, answer, watched
 from services.gateway.identity import caller_of
 from services.gateway.protocol_common.openai_error import SERVER_ERROR, OpenAIError
 from services.gateway.responses.serving import ResponsesServing
@@ -45,9 +45,8 @@ def responses_router() -> APIRouter:
     async def compact_response(request: Request) -> Response:
         return await watched(request, _serving(request).compact)
 
-    # plain routes, as `post_router`'s: the endpoint reads the request itself
-    router.add_route("/v1/responses", create_response, methods=["POST"])
-    router.add_route("/v1/responses/compact", compact_response, methods=["POST"])
+    add_post(router, "/v1/responses", create_response)
+    add_post(router, "/v1/responses/compact", compact_response)
 
     @router.get("/v1/responses/{response_id}")
     async def get_response(request: Request, response_id: str) -> Response:
