@@ -21,11 +21,13 @@ import grpc
 
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
+from services.common.errors import ErrorDetails
 
 log = logging.getLogger(__name__)
 REOPEN_AFTER_S = 1.0  # a stream that broke is opened again (by a call) no sooner than this
 ASK_AGAIN_S = 60.0  # a worker without Deliver is asked again after this (it may be upgraded in place)
 _CALL_ENDED = object()
+DELIVERED = "delivered"  # ErrorInfo metadata: the deltas a failed call sent on the delivery stream first
 
 
 class StreamEnded:
@@ -34,29 +36,45 @@ class StreamEnded:
     stops, once no call sends on it): each call's Final still comes on the call."""
 
     def __init__(self, cause: str, broken: bool) -> None:
-        self.broken = broken
-        self.error = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                          f"the worker's delivery stream ended: {cause}")
+        self.cause, self.broken = cause, broken
+
+    def error(self) -> grpc.aio.AioRpcError:
+        """A fresh error for each call: one object raised in many tasks would gather all their
+        tracebacks, and hold their frames."""
+        return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                    f"the worker's delivery stream ended: {self.cause}")
+
+
+def delivered_before(error: BaseException) -> int:
+    """How many deltas the worker sent on the delivery stream before the call failed (its
+    `ErrorInfo` says, services/worker/servicer.py): the error waits for them as a Final does."""
+    if not isinstance(error, grpc.aio.AioRpcError):
+        return 0
+    return int(ErrorDetails.from_rpc_error(error).metadata.get(DELIVERED, 0))
 
 
 class DeliveredCall:
     """An Infer call whose deltas come on its endpoint's delivery stream. Read like the call itself
     (`read()`: the next event, `grpc.aio.EOF` at the end, `AioRpcError` on failure; `cancel()`): the
-    deltas, then what the call sends (its Final), in one queue. The two streams are not ordered with
-    each other, so the Final waits until every delta it counts has been read."""
+    deltas, then what the call sends (its Final, or its error), in one queue. The two streams are
+    not ordered with each other, so the Final, or an error the worker raised after sending deltas,
+    waits until every delta it counts has been read."""
 
     def __init__(self, call: grpc.aio.UnaryStreamCall, reader: DeliveryReader, tag: int,
                  queue: asyncio.Queue[Any]) -> None:
         self._call, self._reader, self._tag, self._queue = call, reader, tag, queue
         self._deltas = 0  # delta events read so far
-        self._final: pb.InferEvent | None = None  # held until `_deltas` reaches its count
+        self._held: Any = None  # the call's Final or error, held until `_deltas` reaches `_count`
+        self._count = 0
         self._call_ended = False
         self._final_read = False
+        self._cancelled = False
         self._stream_ended: StreamEnded | None = None  # the delivery stream ended meanwhile
         self._follower = asyncio.ensure_future(self._follow())
 
     async def _follow(self) -> None:
-        """What the call itself sends goes to the same queue."""
+        """What the call itself sends goes to the same queue, and always how it ended: a reader
+        must never wait on a call whose follower died."""
         put = self._queue.put_nowait
         try:
             while (event := await self._call.read()) is not grpc.aio.EOF:
@@ -64,15 +82,23 @@ class DeliveredCall:
         except grpc.aio.AioRpcError as e:
             put(e)
             return
+        except (asyncio.CancelledError, grpc.aio.UsageError) as e:
+            if not self._cancelled:  # gRPC ended the call here (its channel closed), not our cancel()
+                put(grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                         f"the call was ended here: {type(e).__name__}"))
+            raise
         put(_CALL_ENDED)
 
     async def read(self) -> Any:
         while True:
-            final = self._final
-            if final is not None and self._deltas >= final.final.delivered:
-                self._final, self._final_read = None, True
-                return final
-            if self._call_ended and final is None:
+            held = self._held
+            if held is not None and self._deltas >= self._count:
+                self._held = None
+                if isinstance(held, BaseException):
+                    raise self._failed(held)
+                self._final_read = True
+                return held
+            if self._call_ended and held is None:
                 self._reader.detach(self._tag)
                 return grpc.aio.EOF
             item = await self._queue.get()
@@ -81,23 +107,27 @@ class DeliveredCall:
             elif isinstance(item, StreamEnded):
                 self._stream_ended = item
                 if item.broken and not self._final_read:
-                    raise self._failed(item.error)  # deltas may have been lost with it
+                    raise self._failed(self._cause(item))  # deltas may have been lost with it
             elif isinstance(item, BaseException):
-                raise self._failed(item)  # the call failed
+                self._held, self._count = item, delivered_before(item)
             elif not item.HasField("final"):
                 self._deltas += 1
                 return item
             else:
-                self._final = item
-            if self._stream_ended is not None and self._final is not None \
-                    and self._deltas < self._final.final.delivered:
-                raise self._failed(self._stream_ended.error)  # deltas it counts will not come any more
+                self._held, self._count = item, item.final.delivered
+            if self._stream_ended is not None and self._held is not None and self._deltas < self._count:
+                raise self._failed(self._cause(self._stream_ended))  # deltas it counts will not come any more
+
+    def _cause(self, ended: StreamEnded) -> BaseException:
+        """Why a call whose delivery stream ended fails: its own error if it had one, else the stream's."""
+        return self._held if isinstance(self._held, BaseException) else ended.error()
 
     def _failed(self, error: BaseException) -> BaseException:
         self._reader.detach(self._tag)
         return error
 
     def cancel(self) -> bool:
+        self._cancelled = True
         self._reader.detach(self._tag)
         self._follower.cancel()
         return self._call.cancel()

@@ -21,6 +21,7 @@ import grpc
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2, worker_pb2_grpc
+from services.common.delivery import DELIVERED
 from services.common.errors import Reason, ServiceError, invalid_parameter
 from services.common.limits import replica_limits
 from services.common.tracing import record_usage
@@ -95,6 +96,8 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
                     yield event
         except ServiceError as e:
             outcome = "refused" if e.reason == Reason.OVERLOADED else "failed"
+            if delivered:  # on the delivery stream, which the error overtakes: the caller waits for them
+                e.metadata[DELIVERED] = str(delivered)
             raise
         finally:  # released however the call ends (finished, refused, cancelled)
             self.inflight.release(request_id, admitted)
