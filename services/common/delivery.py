@@ -75,17 +75,19 @@ class DeliveredCall:
     async def _follow(self) -> None:
         """What the call itself sends goes to the same queue, and always how it ended: a reader
         must never wait on a call whose follower died."""
-        put = self._queue.put_nowait
+        put, final = self._queue.put_nowait, False
         try:
             while (event := await self._call.read()) is not grpc.aio.EOF:
+                final = event.HasField("final")
                 put(event)
         except grpc.aio.AioRpcError as e:
             put(e)
             return
         except (asyncio.CancelledError, grpc.aio.UsageError) as e:
             if not self._cancelled:  # gRPC ended the call here (its channel closed), not our cancel()
-                put(grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                         f"the call was ended here: {type(e).__name__}"))
+                put(_CALL_ENDED if final else grpc.aio.AioRpcError(  # after the Final: the answer is whole
+                    grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                    f"the call was ended here: {type(e).__name__}"))
             raise
         put(_CALL_ENDED)
 

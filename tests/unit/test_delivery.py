@@ -189,14 +189,18 @@ async def test_an_engine_failure_after_deltas_reaches_the_caller_after_them(
     assert (e.value.details.reason, e.value.details.metadata.get(delivery.DELIVERED)) == ("ENGINE_ERROR", "2")
 
 
-async def test_a_call_ended_here_after_its_final_ends_its_reader() -> None:
-    """grpc.aio ends a call whose channel closes with CancelledError from `read()`: the reader
-    waiting for the call's end must get an error, not wait forever."""
-    call = DeliveredCall(ScriptedCall(pb.InferEvent(final=pb.Final()), asyncio.CancelledError()),  # type: ignore[arg-type]
-                         DeliveryReader(None), 1, asyncio.Queue())
-    assert (await call.read()).HasField("final")
+@pytest.mark.parametrize("ended", [asyncio.CancelledError(), grpc.aio.UsageError("closed")])
+async def test_a_call_ended_here_reaches_its_reader(ended: BaseException) -> None:
+    """grpc.aio ends a call whose channel closes with CancelledError from `read()` (UsageError with
+    interceptors). Its reader must learn it, never wait for it: after the Final that is the end,
+    before it an error."""
+    whole = DeliveredCall(ScriptedCall(pb.InferEvent(final=pb.Final()), ended),  # type: ignore[arg-type]
+                          DeliveryReader(None), 1, asyncio.Queue())
+    assert (await whole.read()).HasField("final")
+    assert await asyncio.wait_for(whole.read(), 5) is grpc.aio.EOF
+    cut = DeliveredCall(ScriptedCall(ended), DeliveryReader(None), 2, asyncio.Queue())  # type: ignore[arg-type]
     with pytest.raises(grpc.aio.AioRpcError) as e:
-        await asyncio.wait_for(call.read(), 5)
+        await asyncio.wait_for(cut.read(), 5)
     assert e.value.code() == grpc.StatusCode.CANCELLED
 
 
