@@ -1,6 +1,8 @@
 """A circuit breaker per worker endpoint, for whoever routes calls (the gateway, the Python client).
 
-closed: in rotation; every failure counts, a success resets the count.
+closed: in rotation; every failure counts, a success resets the count. The calls that were in flight
+  when a failure was counted fail with it (one broken connection fails every call on it): their
+  failures are that one, not more.
 open: after `threshold` consecutive failures (unreachable, or a stream that broke), out of rotation
   for `cooldown_s` (pickers skip it; if every endpoint of a model is out, all are tried anyway).
 half-open: after the cool-down, a probe (the worker's gRPC health check, never a client's request)
@@ -25,6 +27,7 @@ DEFAULT_THRESHOLD, DEFAULT_COOLDOWN_S = 3, 5.0
 @dataclass
 class _Circuit:
     failures: int = 0
+    failed_at: float = float("-inf")  # when the latest failure was counted
     open_until: float | None = None  # set while open (and while its probe runs)
     probing: bool = False
 
@@ -38,9 +41,13 @@ class EndpointBreaker:
         self._clock = clock
         self._circuits: dict[str, _Circuit] = {}
 
-    def failure(self, address: str) -> None:
+    def failure(self, address: str, started_at: float | None = None) -> None:
+        """A call to `address` failed; `started_at` (this breaker's clock): when it began."""
         circuit = self._circuits.setdefault(address, _Circuit())
+        if started_at is not None and started_at <= circuit.failed_at:
+            return  # it was in flight when the latest failure was counted: the same one
         circuit.failures += 1
+        circuit.failed_at = self._clock()
         circuit.probing = False
         if circuit.failures >= self.threshold:
             circuit.open_until = self._clock() + self.cooldown_s

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 REOPEN_AFTER_S = 1.0  # a stream that broke is opened again (by a call) no sooner than this
 ASK_AGAIN_S = 60.0  # a worker without Deliver is asked again after this (it may be upgraded in place)
 _CALL_ENDED = object()
+CALL_END_WAIT_S = 1.0  # a call whose delivery stream broke waits this long for its own end (`_cause`)
 DELIVERED = "delivered"  # ErrorInfo metadata: the deltas a failed call sent on the delivery stream first
 
 
@@ -109,7 +110,7 @@ class DeliveredCall:
             elif isinstance(item, StreamEnded):
                 self._stream_ended = item
                 if item.broken and not self._final_read:
-                    raise self._failed(self._cause(item))  # deltas may have been lost with it
+                    raise self._failed(await self._cause(item))  # deltas may have been lost with it
             elif isinstance(item, BaseException):
                 self._held, self._count = item, delivered_before(item)
             elif not item.HasField("final"):
@@ -118,10 +119,18 @@ class DeliveredCall:
             else:
                 self._held, self._count = item, item.final.delivered
             if self._stream_ended is not None and self._held is not None and self._deltas < self._count:
-                raise self._failed(self._cause(self._stream_ended))  # deltas it counts will not come any more
+                raise self._failed(await self._cause(self._stream_ended))  # deltas it counts will not come any more
 
-    def _cause(self, ended: StreamEnded) -> BaseException:
-        """Why a call whose delivery stream ended fails: its own error if it had one, else the stream's."""
+    async def _cause(self, ended: StreamEnded) -> BaseException:
+        """Why a call whose delivery stream ended fails: its own error if it has one, else the
+        stream's. The call's own end is waited for (briefly): when the connection broke, the delivery
+        stream, which was sending, usually learns it first, and a call made again at once on the
+        same replica would go out on the dead connection before the channel dropped it."""
+        if not self._follower.done():
+            await asyncio.wait({self._follower}, timeout=CALL_END_WAIT_S)
+        while not isinstance(self._held, BaseException) and not self._queue.empty():
+            if isinstance(item := self._queue.get_nowait(), BaseException):
+                self._held = item
         return self._held if isinstance(self._held, BaseException) else ended.error()
 
     def _failed(self, error: BaseException) -> BaseException:

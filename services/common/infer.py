@@ -75,16 +75,16 @@ class Attempts:
         """The endpoint's channel was just closed by a new snapshot: the replica left the routes."""
         self.gone = True
 
-    def failed(self, endpoint: Endpoint, e: grpc.aio.AioRpcError) -> None:
-        """The attempt on `endpoint` failed before anything was answered: UpstreamError unless
-        another endpoint may be tried (an unreachable one counts a failure on its breaker; a busy
-        one stays in rotation)."""
+    def failed(self, endpoint: Endpoint, e: grpc.aio.AioRpcError, started_at: float | None = None) -> None:
+        """The attempt on `endpoint` (made at `started_at`, monotonic) failed before anything was
+        answered: UpstreamError unless another endpoint may be tried (an unreachable one counts a
+        failure on its breaker; a busy one stays in rotation)."""
         self.last = details = ErrorDetails.from_rpc_error(e)
         if e.code() not in RETRY_ELSEWHERE and not details.dropped:
             raise UpstreamError(details) from e
         if e.code() == grpc.StatusCode.UNAVAILABLE or details.dropped:
             self.gone = True
-            self.table.mark_bad(endpoint)
+            self.table.mark_bad(endpoint, started_at)
             if e.code() == grpc.StatusCode.UNAVAILABLE and not details.reason:  # the worker names its refusals
                 self.connection_failed.add(endpoint.address)
             log.info("%s: %s %s before the first token; trying again", endpoint.address,
@@ -103,6 +103,7 @@ async def call_unary(table: RouteTable, model: str, call: Callable[[Endpoint], A
     async with aclosing(attempts.endpoints()) as endpoints:
         async for endpoint in endpoints:
             endpoint.outstanding += 1
+            started_at = time.monotonic()
             try:
                 reply = await call(endpoint)
                 table.mark_ok(endpoint)
@@ -110,7 +111,7 @@ async def call_unary(table: RouteTable, model: str, call: Callable[[Endpoint], A
             except grpc.aio.UsageError:
                 attempts.closed()
             except grpc.aio.AioRpcError as e:
-                attempts.failed(endpoint, e)
+                attempts.failed(endpoint, e, started_at)
             finally:
                 endpoint.outstanding -= 1
     raise attempts.refused()
@@ -124,6 +125,7 @@ class InferStream:
     def __init__(self, endpoint: Endpoint, call: grpc.aio.UnaryStreamCall | DeliveredCall,
                  table: RouteTable | None = None) -> None:
         self.endpoint, self._call, self._table = endpoint, call, table
+        self.started_at = time.monotonic()  # (the breaker: which failures are one)
         self._first: pb.InferEvent | None = None
         self.closed = False
         # What metrics read at the end (monotonic times; a count and a clock read per event, no more).
@@ -154,7 +156,7 @@ class InferStream:
                 self.ended = True
                 details = ErrorDetails.from_rpc_error(e)
                 if (e.code() == grpc.StatusCode.UNAVAILABLE or details.dropped) and self._table is not None:
-                    self._table.mark_bad(self.endpoint)  # the replica went away mid-stream
+                    self._table.mark_bad(self.endpoint, self.started_at)  # the replica went away mid-stream
                 raise UpstreamError(details) from e
             if event is grpc.aio.EOF:
                 self.ended = True
@@ -206,7 +208,7 @@ async def open_stream(table: RouteTable, model: str,
                 stream.close()  # cancelled while waiting (client gone): this cancels the engine work too
                 if not isinstance(e, grpc.aio.AioRpcError):
                     raise
-                attempts.failed(endpoint, e)
+                attempts.failed(endpoint, e, stream.started_at)
                 continue
             stream.close()
             attempts.last = ErrorDetails(grpc.StatusCode.INTERNAL, "the worker ended the stream without an event")

@@ -161,9 +161,10 @@ class RouteTable:
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
 
-    def mark_bad(self, endpoint: Endpoint) -> None:
-        """A call on `endpoint` failed (unreachable, or its stream broke): one failure for its breaker."""
-        self.breaker.failure(endpoint.address)
+    def mark_bad(self, endpoint: Endpoint, started_at: float | None = None) -> None:
+        """A call on `endpoint`, made at `started_at` (monotonic), failed (unreachable, or its stream
+        broke): one failure for its breaker, unless an earlier one already counted its connection's."""
+        self.breaker.failure(endpoint.address, started_at)
 
     def mark_ok(self, endpoint: Endpoint) -> None:
         self.breaker.success(endpoint.address)

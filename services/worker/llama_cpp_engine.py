@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -55,14 +55,19 @@ class SlotPool:
         self.waiting = 0
         self._changed = asyncio.Condition()
 
-    async def acquire(self, identity: str) -> tuple[int, bool]:
-        """(slot, reuse its cache); waits while every slot is busy."""
+    async def acquire(self, identity: str,
+                      abandoned: Callable[[], bool] = lambda: False) -> tuple[int, bool] | None:
+        """(slot, reuse its cache); waits while every slot is busy. None once `abandoned()` says so
+        (asked at each `release` and `wake`)."""
         async with self._changed:
             self.waiting += 1
             try:
-                await self._changed.wait_for(lambda: not all(self.busy))
+                await self._changed.wait_for(lambda: abandoned() or not all(self.busy))
             finally:
                 self.waiting -= 1
+            if abandoned():
+                self._changed.notify()  # a release's wake-up it took goes to the next waiter
+                return None
             free = [i for i, busy in enumerate(self.busy) if not busy]
             own = [i for i in free if self.owner[i] == identity]
             slot = own[0] if own else next((i for i in free if self.owner[i] is None), free[0])
@@ -74,6 +79,11 @@ class SlotPool:
         async with self._changed:
             self.busy[slot] = False
             self._changed.notify()
+
+    async def wake(self) -> None:
+        """Every waiter asks `abandoned()` again."""
+        async with self._changed:
+            self._changed.notify_all()
 
     @property
     def running(self) -> int:
@@ -118,6 +128,7 @@ class LlamaCppEngine(Engine):
         self.slots = SlotPool(cfg.n_parallel)
         self._stats = EngineStats()
         self._streams: dict[str, httpx.Response] = {}  # request id -> its open /completion stream
+        self._starting: set[str] = set()  # request ids waiting for a slot, or for their stream to open
         self._aborted: set[str] = set()
 
     @classmethod
@@ -198,29 +209,42 @@ class LlamaCppEngine(Engine):
     async def generate(self, prompt: Prompt, sampling: Sampling, request_id: str,
                        priority: int = 0) -> AsyncIterator[StepOutput]:
         self._check(sampling)
-        slot, reuse = await self.slots.acquire(prompt.engine_input)
-        aborted = False
+        self._starting.add(request_id)
         try:
-            body = self._body(prompt, sampling, slot, reuse)
-            async with self._client.stream("POST", "/completion", json=body) as reply:
-                if reply.status_code != 200:
-                    await reply.aread()
-                    raise ServiceError(grpc.StatusCode.INTERNAL, Reason.ENGINE_ERROR,
-                                       f"llama-server /completion: {reply.status_code} {_message(reply)}")
-                self._streams[request_id] = reply
+            got = await self.slots.acquire(prompt.engine_input, lambda: request_id in self._aborted)
+            if got is not None:  # else aborted while it waited for a slot: it never reaches the server
                 try:
-                    async for step in self._steps(reply, prompt, sampling.logprobs):
+                    async for step in self._complete(prompt, sampling, request_id, *got):
                         yield step
-                except (httpx.StreamError, httpx.TransportError):
-                    if request_id not in self._aborted:
-                        raise
-                    aborted = True
+                finally:
+                    await self.slots.release(got[0])
         finally:
+            self._starting.discard(request_id)
             self._streams.pop(request_id, None)
+            aborted = request_id in self._aborted
             self._aborted.discard(request_id)
-            await self.slots.release(slot)
         if aborted:
             yield StepOutput([ChoiceDelta(0, "", 0, finish_reason="abort")], True, len(prompt.token_ids), 0)
+
+    async def _complete(self, prompt: Prompt, sampling: Sampling, request_id: str, slot: int,
+                        reuse: bool) -> AsyncIterator[StepOutput]:
+        """The request on its slot: llama-server's stream as steps, until it ends or is aborted."""
+        body = self._body(prompt, sampling, slot, reuse)
+        async with self._client.stream("POST", "/completion", json=body) as reply:
+            if reply.status_code != 200:
+                await reply.aread()
+                raise ServiceError(grpc.StatusCode.INTERNAL, Reason.ENGINE_ERROR,
+                                   f"llama-server /completion: {reply.status_code} {_message(reply)}")
+            self._streams[request_id] = reply
+            self._starting.discard(request_id)
+            if request_id in self._aborted:
+                return  # aborted while its stream opened: closing it stops the slot
+            try:
+                async for step in self._steps(reply, prompt, sampling.logprobs):
+                    yield step
+            except (httpx.StreamError, httpx.TransportError):
+                if request_id not in self._aborted:
+                    raise
 
     async def _steps(self, reply: httpx.Response, prompt: Prompt, logprobs: int | None) -> AsyncIterator[StepOutput]:
         """One step per read of the server's stream: the tokens that arrived together (a consumer
@@ -256,6 +280,9 @@ class LlamaCppEngine(Engine):
             if reply is not None:
                 self._aborted.add(request_id)
                 await reply.aclose()  # llama-server stops the slot when its client hangs up
+            elif request_id in self._starting:
+                self._aborted.add(request_id)  # it ends now if it waits for a slot, else once its stream opens
+                await self.slots.wake()
 
     async def embed(self, inputs: list[str | list[int]], dimensions: int | None) -> tuple[list[list[float]], int]:
         if dimensions is not None:

@@ -74,8 +74,8 @@ class RequestGate:
             if future.done() and not future.cancelled() and future.exception() is None:
                 self.ongoing -= 1  # admitted just as the caller went away: give the place on
                 self._admit_waiters()
-            else:
-                self._waiting.pop(request_id, None)
+            elif self._waiting.get(request_id) is future:  # not a newer call's place under the same id
+                del self._waiting[request_id]
             raise
 
     def _admit_waiters(self) -> None:

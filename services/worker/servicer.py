@@ -253,13 +253,17 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         dims = request.dimensions if request.HasField("dimensions") else None
         if dims is not None and dims < 1:
             raise invalid_parameter("dimensions", "dimensions must be >= 1")
+        request_id = request.request_id or uuid.uuid4().hex
+        admitted = await self._admit(request_id)  # one made again supersedes its older call, as for Infer
         try:
-            async with self.gate.admitted(request.request_id or uuid.uuid4().hex):  # backpressure, as for Infer
+            async with self.gate.admitted(request_id):  # backpressure, as for Infer
                 vectors, tokens = await engine.embed(inputs, dims)
         except ServiceError:
             raise
         except Exception as e:
-            raise await self._engine_failure(engine, request.request_id, e) from e
+            raise await self._engine_failure(engine, request_id, e) from e
+        finally:
+            self.inflight.release(request_id, admitted)
         return worker_pb2.EmbedResponse(
             embeddings=[worker_pb2.Embedding(values=v) for v in vectors],
             usage=common_pb2.Usage(prompt_tokens=tokens))

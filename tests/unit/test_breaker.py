@@ -29,6 +29,23 @@ def test_n_consecutive_failures_open_it_a_success_resets_the_count():
     assert breaker.excluded() == {"a"} and breaker.is_open("a")
 
 
+def test_the_calls_in_flight_when_a_failure_counted_fail_with_it_not_again():
+    """One broken connection fails every call on it: the calls that began before the latest counted
+    failure add nothing; a call made after it that fails is a failure of its own."""
+    clock = FakeClock()
+    breaker = EndpointBreaker(threshold=3, cooldown_s=5, clock=clock)
+    clock.now = 10.0
+    for started_at in (9.0, 9.5, 8.0, 10.0):  # on the connection that broke at 10
+        breaker.failure("a", started_at)
+    assert breaker._circuits["a"].failures == 1
+    clock.now = 11.0
+    breaker.failure("a", started_at=10.5)  # made after it, on a new connection, and failed too
+    assert breaker._circuits["a"].failures == 2 and not breaker.is_open("a")
+    clock.now = 12.0
+    breaker.failure("a", started_at=11.5)
+    assert breaker.is_open("a")
+
+
 def test_after_the_cool_down_one_probe_decides():
     clock = FakeClock()
     breaker = EndpointBreaker(threshold=1, cooldown_s=5, clock=clock)

@@ -20,6 +20,7 @@ from services.worker.llama_cpp_engine import LlamaCppEngine, SlotPool, server_co
 from services.worker.llama_server import ServerConfig, gpu_layers
 from services.worker.sampling import Sampling
 from services.worker.vllm_engine import gpu_memory_share
+from tests.helpers import until
 
 
 async def test_a_slot_cache_is_reused_only_by_the_identity_that_filled_it():
@@ -167,3 +168,56 @@ async def test_tokens_that_arrive_together_go_on_as_one_step():
     assert got == [("a", 1, 1, False), (" b c", 2, 2, False), (" d", 1, 1, False), (" e", 1, 1, True)]
     assert steps[-1].choices[0].finish_reason == "length" and steps[-1].cached_tokens == 2
     assert engine._stats.generated_tokens_total == 5
+
+
+def engine_with(handler) -> LlamaCppEngine:
+    """An engine of one slot whose llama-server is `handler` (an httpx MockTransport handler)."""
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://llama")
+    return LlamaCppEngine(server=None, client=client, cfg=ServerConfig(model_path="x", n_ctx=64, n_parallel=1))  # type: ignore[arg-type]
+
+
+async def test_an_abort_reaches_a_request_still_waiting_for_its_slot():
+    """Cancel by id, or a request made again, aborts a request that waits for a slot (the gate lets
+    in more requests than llama-server has slots): it ends at once, aborted, and never reaches the
+    server; the next waiter still gets the slot."""
+    posted: list[int] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        posted.append(json.loads(request.content)["id_slot"])
+        return httpx.Response(200, content=sse({"content": "x", "tokens": [1], "stop": True, "stop_type": "eos"}))
+
+    engine = engine_with(server)
+    slot, _ = await engine.slots.acquire("busy")
+    prompt = Prompt(engine_input=[1, 2], token_ids=[1, 2])
+    first, second = engine.generate(prompt, Sampling(), "r1"), engine.generate(prompt, Sampling(), "r2")
+    waiting, after = asyncio.ensure_future(anext(first)), asyncio.ensure_future(anext(second))
+    await until(lambda: engine.slots.waiting == 2, "both waiting for the slot")
+    await engine.abort(["r1"])
+    step = await asyncio.wait_for(waiting, 5)
+    assert (step.choices[0].finish_reason, step.finished) == ("abort", True) and posted == []
+    await engine.slots.release(slot)
+    assert (await asyncio.wait_for(after, 5)).choices[0].finish_reason == "stop"
+    assert posted == [slot]
+    await first.aclose()
+    await second.aclose()
+
+
+async def test_an_abort_reaches_a_request_whose_stream_is_opening():
+    opened = asyncio.Event()
+    answer = asyncio.Event()
+
+    async def server(request: httpx.Request) -> httpx.Response:
+        opened.set()
+        await answer.wait()
+        return httpx.Response(200, content=sse(token("x", 1)))
+
+    engine = engine_with(server)
+    steps = engine.generate(Prompt([1], [1]), Sampling(), "r1")
+    generating = asyncio.ensure_future(anext(steps))
+    await asyncio.wait_for(opened.wait(), 5)
+    await engine.abort(["r1"])
+    answer.set()
+    step = await asyncio.wait_for(generating, 5)
+    assert step.choices[0].finish_reason == "abort"  # not the token llama-server began to send
+    assert engine.slots.running == 0
+    await steps.aclose()

@@ -90,6 +90,22 @@ async def test_a_waiter_admitted_as_it_is_cancelled_hands_its_place_on():
     assert (g.ongoing, g.queued) == (0, 0)
 
 
+async def test_a_waiter_leaving_never_takes_a_newer_waiters_place_under_its_id():
+    g = gate(1, 3)
+    first, older = Holder(g, "a"), Holder(g, "e")
+    await settle()
+    newer = Holder(g, "e")  # the same id queued again (the servicer supersedes first; the gate holds anyway)
+    await settle()
+    older.task.cancel()
+    await settle()
+    assert g.queued == 1  # the newer one's place is kept
+    first.release.set()
+    await asyncio.wait_for(newer.admitted.wait(), 5)
+    newer.release.set()
+    await newer.task
+    assert (g.ongoing, g.queued) == (0, 0)
+
+
 async def test_raised_limits_admit_waiters_at_once_and_lowered_ones_admit_nobody_until_under():
     g = gate(1, 4)
     held = [Holder(g, f"r{i}") for i in range(3)]

@@ -4,6 +4,8 @@ itself is proven on real vLLM in tests/integration."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -11,6 +13,7 @@ from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 from services.common.errors import ErrorDetails
 from tests.engine_double import ScriptedEngine, serve_worker
+from tests.helpers import until
 from tests.worker_calls import chat, collect, read_rest
 
 TOOL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -141,3 +144,39 @@ async def test_bad_messages(served):
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await collect(stub, request)
         assert ErrorDetails.from_rpc_error(info.value).field_violations[0][0] == param
+
+
+class HeldEmbedder(ScriptedEngine):
+    """Embeds once `hold` is set, one zero vector per input."""
+
+    supports_embeddings = True
+    embedding_dimension = 2
+
+    async def embed(self, inputs, dimensions):
+        await self.hold.wait()
+        return [[0.0, 0.0] for _ in inputs], len(inputs)
+
+
+async def test_an_embed_made_again_supersedes_its_older_call():
+    """As for Infer: the same request id again (its caller's connection broke) cancels the older
+    call, here still queued for an engine place, and runs once that one ended."""
+    engine = HeldEmbedder([])
+    engine.hold.clear()
+    worker = await serve_worker(engine, max_ongoing=1, max_queued=4)
+    try:
+        async with grpc.aio.insecure_channel(worker.address) as channel:
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            busy = stub.Embed(pb.EmbedRequest(model="m", inputs=["x"], request_id="busy"))
+            older = stub.Embed(pb.EmbedRequest(model="m", inputs=["x"], request_id="e1"))
+            await until(lambda: worker.servicer.gate.queued == 1, "the older call queued")
+            newer = stub.Embed(pb.EmbedRequest(model="m", inputs=["y"], request_id="e1"))
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await asyncio.wait_for(older, 5)
+            assert info.value.code() == grpc.StatusCode.CANCELLED
+            engine.hold.set()
+            assert len((await asyncio.wait_for(newer, 5)).embeddings) == 1
+            assert len((await busy).embeddings) == 1
+            await until(lambda: not worker.servicer.inflight and worker.servicer.gate.ongoing == 0, "all ended")
+    finally:
+        engine.hold.set()
+        await worker.server.stop(0)
