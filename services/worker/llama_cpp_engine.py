@@ -9,6 +9,7 @@ go on. One choice per request (`n` > 1 is refused): a slot generates one sequenc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -213,9 +214,10 @@ class LlamaCppEngine(Engine):
         try:
             got = await self.slots.acquire(prompt.engine_input, lambda: request_id in self._aborted)
             if got is not None:  # else aborted while it waited for a slot: it never reaches the server
-                try:
-                    async for step in self._complete(prompt, sampling, request_id, *got):
-                        yield step
+                try:  # its stream closes before its slot is free (aclosing: not whenever it is collected)
+                    async with contextlib.aclosing(self._complete(prompt, sampling, request_id, *got)) as steps:
+                        async for step in steps:
+                            yield step
                 finally:
                     await self.slots.release(got[0])
         finally:

@@ -221,3 +221,25 @@ async def test_an_abort_reaches_a_request_whose_stream_is_opening():
     assert step.choices[0].finish_reason == "abort"  # not the token llama-server began to send
     assert engine.slots.running == 0
     await steps.aclose()
+
+
+async def test_a_generation_closed_early_closes_its_stream_before_its_slot_is_free():
+    """Another request may take the slot at once: llama-server must not still be serving this one
+    on it (a consumer leaves early: its client went, or it read the last step)."""
+    async def tokens():
+        yield sse(token("a", 1))
+        await asyncio.Event().wait()  # llama-server would go on generating
+
+    engine = engine_with(lambda request: httpx.Response(200, content=tokens()))
+    steps = engine.generate(Prompt([1], [1]), Sampling(), "r1")
+    assert (await anext(steps)).choices[0].text == "a"
+    reply = engine._streams["r1"]
+    release, closed_at_release = engine.slots.release, []
+
+    async def released(slot: int) -> None:
+        closed_at_release.append(reply.is_closed)
+        await release(slot)
+
+    engine.slots.release = released  # type: ignore[method-assign]
+    await steps.aclose()
+    assert closed_at_release == [True] and engine.slots.running == 0
