@@ -167,6 +167,7 @@ async def test_an_embed_made_again_supersedes_its_older_call():
         async with grpc.aio.insecure_channel(worker.address) as channel:
             stub = worker_pb2_grpc.WorkerStub(channel)
             busy = stub.Embed(pb.EmbedRequest(model="m", inputs=["x"], request_id="busy"))
+            await until(lambda: worker.servicer.gate.ongoing == 1, "the engine place taken")
             older = stub.Embed(pb.EmbedRequest(model="m", inputs=["x"], request_id="e1"))
             await until(lambda: worker.servicer.gate.queued == 1, "the older call queued")
             newer = stub.Embed(pb.EmbedRequest(model="m", inputs=["y"], request_id="e1"))
