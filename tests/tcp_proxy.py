@@ -1,6 +1,7 @@
 """A local TCP proxy in front of a server, whose connections a test breaks at will (`cut`): a
 connection that fails under the calls it carries (a GOAWAY, a reset, a middlebox), while the server
-stays up and takes new connections through the proxy."""
+stays up and takes new connections through the proxy. `freeze` makes them fall silent instead, as a
+peer lost without a reset (a host gone, a partition, a dropped NAT entry) looks to its reader."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class TcpProxy:
         self.connections = 0  # accepted so far
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()  # both ends of every piped connection
+        self._frozen: set[asyncio.StreamWriter] = set()  # ends nothing is written to any more
 
     async def start(self) -> TcpProxy:
         self._server = await asyncio.start_server(self._pipe, "127.0.0.1", 0)
@@ -30,8 +32,9 @@ class TcpProxy:
         async def copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             with contextlib.suppress(ConnectionError):
                 while data := await reader.read(65536):
-                    writer.write(data)
-                    await writer.drain()
+                    if writer not in self._frozen:
+                        writer.write(data)
+                        await writer.drain()
 
         try:
             await asyncio.gather(copy(client_reader, server_writer), copy(server_reader, client_writer))
@@ -39,6 +42,11 @@ class TcpProxy:
             for writer in ends:
                 writer.transport.abort()
             self._open -= ends
+            self._frozen -= ends
+
+    def freeze(self) -> None:
+        """Every open connection falls silent both ways, its sockets left open; new ones still pass."""
+        self._frozen |= self._open
 
     def cut(self) -> None:
         """Break every open connection at once (both ends closed, no goodbye)."""

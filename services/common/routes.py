@@ -37,6 +37,7 @@ PROBE_TIMEOUT_S = 2.0
 ENV_COLD_START_TIMEOUT_S = "MSHIP_COLD_START_TIMEOUT_S"
 COLD_START_TIMEOUT_S = 120.0  # a request to a model at zero replicas waits this long for one
 REASK_S = 10.0  # a cold start still waiting asks again (the coordinator may have restarted)
+WATCH_SILENCE_S = 20.0  # a routing watch that hears nothing this long is dead (coordinator keepalive: 5 s)
 REFRESH_WAIT_S = 1.0  # a call whose replicas all failed waits this long for a newer snapshot to try
 # A replica that comes back on its address is reconnected within ~2 s, not after gRPC's default
 # backoff of up to 120 s (the breaker's probe waits for that connection).
@@ -221,23 +222,33 @@ class RoutingWatcher:
 
     async def _run(self) -> None:
         backoff = 0.1
-        async with aio_channel(self.coordinator, token=self.table.token) as channel:
-            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-            while True:
+        while True:
+            async with aio_channel(self.coordinator, token=self.table.token) as channel:
                 try:
-                    async for update in self._watch(stub):
+                    async for update in self._watch(coordinator_pb2_grpc.CoordinatorStub(channel)):
                         backoff = 0.1
                         if update.HasField("snapshot"):
                             self.table.apply(update.snapshot)
                 except grpc.aio.AioRpcError as e:
                     self.last_error = e
                     log.info("routing watch broke (%s); keeping version %d", e.code().name, self.table.version)
-                await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
-                backoff = min(backoff * 2, 2.0)
+                except TimeoutError:  # a new channel: the old one's connection is dead without knowing it
+                    log.warning("routing watch silent for %.0f s; watching again on a new connection, "
+                                "keeping version %d", WATCH_SILENCE_S, self.table.version)
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+            backoff = min(backoff * 2, 2.0)
 
-    def _watch(self, stub: coordinator_pb2_grpc.CoordinatorStub) -> AsyncIterator[cpb.RoutingUpdate]:
-        return stub.WatchRouting(cpb.WatchRoutingRequest(known_version=self.table.version,
+    async def _watch(self, stub: coordinator_pb2_grpc.CoordinatorStub) -> AsyncIterator[cpb.RoutingUpdate]:
+        """The watch's updates; TimeoutError once it is silent for WATCH_SILENCE_S. The coordinator
+        sends at least a keepalive every few seconds, so a silent watch is on a connection that died
+        without a reset (a host lost, a partition, a dropped NAT entry), which gRPC does not notice."""
+        call = stub.WatchRouting(cpb.WatchRoutingRequest(known_version=self.table.version,
                                                          subscriber_id=self.subscriber_id))
+        try:
+            while (update := await asyncio.wait_for(call.read(), WATCH_SILENCE_S)) is not grpc.aio.EOF:
+                yield update
+        finally:
+            call.cancel()
 
     async def stop(self) -> None:
         if self._task is not None:
