@@ -9,7 +9,9 @@ After every test the edge, the picker and the workers must hold no request any m
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 
 import httpx
 import openai
@@ -18,6 +20,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from mship.common.v1 import common_pb2
+from services.gateway.edge.metrics import REQUESTS
 from tests.helpers import until
 from tests.platform_process import free_port
 from tests.unit.gateway_harness import (
@@ -169,6 +172,25 @@ async def test_disconnect_while_assembling_cancels_the_worker_call(workers, gate
     (served,) = [w for w in workers if w.engine.started]
     await hang_up(writer)
     await until(lambda: served.engine.cancelled == served.engine.started, "the engine request to be cancelled")
+
+
+def answered(status: str) -> float:
+    return sum(s.value for m in REQUESTS.collect() for s in m.samples
+               if s.name.endswith("_total") and s.labels["status"] == status)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"])
+async def test_a_client_gone_while_sending_its_body_is_a_499_not_a_server_error(gateway, path, caplog):
+    before = answered("499"), answered("500")
+    _, writer = await asyncio.open_connection("127.0.0.1", gateway.http.port)
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Content-Length: 1000\r\n\r\n".encode() + b'{"model": "m", ')  # 15 of its 1000 bytes
+    await writer.drain()
+    await until(lambda: gateway.http.inflight == 1, "the request to be read")
+    await hang_up(writer)
+    await until(lambda: gateway.http.inflight == 0, "the request to end")
+    assert (answered("499"), answered("500")) == (before[0] + 1, before[1])
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no traceback for a client gone
 
 
 # ---- replica choice ----------------------------------------------------------------------------

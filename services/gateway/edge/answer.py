@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 from fastapi import APIRouter
 from fastapi.responses import Response
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from services.gateway.edge.disconnect import ClientDisconnected, unless_disconnected
 from services.gateway.edge.errors import CLIENT_CLOSED
@@ -51,7 +51,7 @@ async def watched(request: Request, method: ServingMethod) -> Response:
     try:
         return answer(await method(await request.body(), caller_of(request),
                                    lambda work: unless_disconnected(request.receive, work)))
-    except ClientDisconnected:
+    except (ClientDisconnected, ClientDisconnect):  # gone while waiting, or while still sending its body
         return Response(status_code=CLIENT_CLOSED)
 
 
