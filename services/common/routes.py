@@ -134,8 +134,9 @@ class RouteTable:
     async def wait_newer(self, version: int, timeout_s: float) -> bool:
         """Whether a snapshot newer than `version` is applied, waiting up to `timeout_s` for one."""
         if self.version == version:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._applied.wait(), timeout_s)
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout: 3.11's wait_for can lose a cancel
+                async with asyncio.timeout(timeout_s):
+                    await self._applied.wait()
         return self.version != version
 
     async def cold_start(self, model: str) -> list[Endpoint]:
@@ -150,7 +151,8 @@ class RouteTable:
                 return []
             self._ask_for_replica(model)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._applied.wait(), min(REASK_S, deadline - loop.time()))
+                async with asyncio.timeout(min(REASK_S, deadline - loop.time())):
+                    await self._applied.wait()
         return endpoints
 
     def _ask_for_replica(self, model: str) -> None:
@@ -245,7 +247,11 @@ class RoutingWatcher:
         call = stub.WatchRouting(cpb.WatchRoutingRequest(known_version=self.table.version,
                                                          subscriber_id=self.subscriber_id))
         try:
-            while (update := await asyncio.wait_for(call.read(), WATCH_SILENCE_S)) is not grpc.aio.EOF:
+            while True:
+                async with asyncio.timeout(WATCH_SILENCE_S):
+                    update = await call.read()
+                if update is grpc.aio.EOF:
+                    return
                 yield update
         finally:
             call.cancel()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from services.common.routes import RouteTable
@@ -51,4 +53,20 @@ async def test_a_cold_start_gives_up_at_its_bound_and_a_model_that_stopped_scali
     await asyncio.sleep(0)
     table.apply(cpb.RoutingSnapshot(version=2))  # removed meanwhile
     assert await asyncio.wait_for(wait, 5) == []
+    await table.close()
+
+
+async def test_a_cancel_that_comes_with_the_snapshot_it_waited_for_is_kept():
+    """The client's disconnect cancels a call waiting for a snapshot in the very turn one applies:
+    the call must end cancelled (3.11's `asyncio.wait_for` lost such a cancel, and the generation
+    went on for nobody)."""
+    table = RouteTable()
+    table.apply(snapshot(1, 0))
+    for wait in (lambda: table.wait_newer(1, 30), lambda: table.cold_start("idle")):
+        task = asyncio.ensure_future(wait())
+        await asyncio.sleep(0)
+        table.apply(snapshot(table.version + 1, 0))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
     await table.close()
