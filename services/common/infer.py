@@ -5,6 +5,7 @@ and the Python client."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -102,7 +103,7 @@ async def call_unary(table: RouteTable, model: str, call: Callable[[Endpoint], A
     attempts = Attempts(table, model)
     async with aclosing(attempts.endpoints()) as endpoints:
         async for endpoint in endpoints:
-            endpoint.outstanding += 1
+            endpoint.started()
             started_at = time.monotonic()
             try:
                 reply = await call(endpoint)
@@ -113,7 +114,7 @@ async def call_unary(table: RouteTable, model: str, call: Callable[[Endpoint], A
             except grpc.aio.AioRpcError as e:
                 attempts.failed(endpoint, e, started_at)
             finally:
-                endpoint.outstanding -= 1
+                endpoint.ended()
     raise attempts.refused()
 
 
@@ -133,11 +134,16 @@ class InferStream:
         self.events = 0
         self.last: pb.InferEvent | None = None  # the latest event read (its Final: the stream is complete)
         self.ended = False  # the worker ended the stream, well or with an error (not cut short here)
-        endpoint.outstanding += 1
+        endpoint.started()
 
     async def _read_first(self) -> bool:
         """Wait for the first event; False when the worker ended the stream without one."""
-        first = await self._call.read()
+        try:
+            first = await self._call.read()
+        except asyncio.CancelledError:
+            if (dropped := self._dropped()) is None:
+                raise
+            raise dropped from None
         if first is grpc.aio.EOF:
             self.ended = True
             return False
@@ -151,7 +157,12 @@ class InferStream:
         yield self._first
         while True:
             try:
-                event = await self._call.read()
+                try:
+                    event = await self._call.read()
+                except asyncio.CancelledError:
+                    if (dropped := self._dropped()) is None:
+                        raise
+                    raise dropped from None
             except grpc.aio.AioRpcError as e:
                 self.ended = True
                 details = ErrorDetails.from_rpc_error(e)
@@ -165,6 +176,16 @@ class InferStream:
             self.last_at, self.last = time.monotonic(), event
             yield event
 
+    def _dropped(self) -> grpc.aio.AioRpcError | None:
+        """A read cancelled although neither its caller nor `close()` cancelled it: gRPC ended the
+        call here (its channel closed under it). That is a dropped call, CANCELLED with no reason: a
+        503, and tried elsewhere before the first token. None: the caller's own cancel."""
+        task = asyncio.current_task()
+        if self.closed or (task is not None and task.cancelling()):
+            return None
+        return grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                    "the call was ended here: its channel closed")
+
     @property
     def cut_short(self) -> bool:
         """Closed here before the worker's Final (and before it ended the stream)."""
@@ -173,7 +194,7 @@ class InferStream:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.endpoint.outstanding -= 1  # first: a cancel that raises must not keep the count
+            self.endpoint.ended()  # first: a cancel that raises must not keep the count
             self._call.cancel()
 
 

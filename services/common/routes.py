@@ -37,6 +37,7 @@ PROBE_TIMEOUT_S = 2.0
 ENV_COLD_START_TIMEOUT_S = "MSHIP_COLD_START_TIMEOUT_S"
 COLD_START_TIMEOUT_S = 120.0  # a request to a model at zero replicas waits this long for one
 REASK_S = 10.0  # a cold start still waiting asks again (the coordinator may have restarted)
+RETIRED_CHANNEL_MAX_S = 3600.0  # how long calls in flight may go on on a replica that left the routes
 WATCH_SILENCE_S = 20.0  # a routing watch that hears nothing this long is dead (coordinator keepalive: 5 s)
 REFRESH_WAIT_S = 1.0  # a call whose replicas all failed waits this long for a newer snapshot to try
 # A replica that comes back on its address is reconnected within ~2 s, not after gRPC's default
@@ -51,11 +52,20 @@ class Endpoint:
     address: str
     replica_id: str
     stub: worker_pb2_grpc.WorkerStub
-    outstanding: int = 0
+    outstanding: int = 0  # calls in flight: `started()` and `ended()` count them
     delivery: DeliveryReader = field(init=False)  # the stream its Infer calls' deltas come on
+    idle: asyncio.Event | None = None  # set once no call is in flight, after it left the routes
 
     def __post_init__(self) -> None:
         self.delivery = DeliveryReader(self.stub)
+
+    def started(self) -> None:
+        self.outstanding += 1
+
+    def ended(self) -> None:
+        self.outstanding -= 1
+        if self.idle is not None and self.outstanding == 0:
+            self.idle.set()
 
 
 @dataclass
@@ -111,10 +121,12 @@ class RouteTable:
                                                                  worker_pb2_grpc.WorkerStub(channel)))
                 route.endpoints.append(self._channels[address][1])
             routes[model.name] = route
-        for address in set(self._channels) - live:  # replicas that left: close their channels
+        for address in set(self._channels) - live:  # replicas that left: their calls in flight go on
             channel, endpoint = self._channels.pop(address)
             endpoint.delivery.retire()
-            asyncio.get_running_loop().create_task(channel.close(grace=30))
+            task = asyncio.get_running_loop().create_task(self._close_when_idle(channel, endpoint))
+            self._probes.add(task)
+            task.add_done_callback(self._probes.discard)
         self.routes, self.pending, self.version = routes, list(snapshot.pending), snapshot.version
         self.unhealthy = list(snapshot.unhealthy)
         self.breaker.keep_only(live)
@@ -191,9 +203,23 @@ class RouteTable:
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
 
+    async def _close_when_idle(self, channel: grpc.aio.Channel, endpoint: Endpoint) -> None:
+        """A replica that left the routes may still be serving (a cut-over's drain, a heartbeat
+        missed): its channel closes once its calls ended, not under them (gRPC's close grace cancels
+        whatever is left), and at the latest after RETIRED_CHANNEL_MAX_S."""
+        endpoint.idle = asyncio.Event()
+        try:
+            if endpoint.outstanding > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RETIRED_CHANNEL_MAX_S):
+                        await endpoint.idle.wait()
+        finally:
+            await channel.close()
+
     async def close(self) -> None:
         for task in list(self._probes):
             task.cancel()
+        await asyncio.gather(*self._probes, return_exceptions=True)
         for channel, _ in self._channels.values():
             await channel.close()
         self._channels.clear()
