@@ -86,6 +86,7 @@ class BackgroundRuns:
         finally:
             if renewer is not None:
                 renewer.cancel()
+            run.ticket.settle(0)  # a run that never opened its generation gives its reservation back
 
     async def _events(self, run: Turn) -> AsyncGenerator[Events, None]:
         finish = partial(self._finish, run)

@@ -166,6 +166,7 @@ async def run_mcp_turn(turn: Turn, open_generation: OpenGeneration, finish: Fini
     finally:
         if generation is not None:
             generation.close()
+        turn.ticket.settle(0)  # no generation took it (a tool list failed, the client left): it goes back
     yield await finish(out)
 
 

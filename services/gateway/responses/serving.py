@@ -123,8 +123,11 @@ class ResponsesServing:
         if req.background:
             try:
                 response = await self._runs.start(turn)
-            except StateError as e:
-                raise store_error(e) from e
+            except BaseException as e:
+                turn.ticket.settle(0)  # no run: its reservation goes back
+                if isinstance(e, StateError):
+                    raise store_error(e) from e
+                raise
             return self.replay(identity, turn.encoder.id, -1) if req.stream else response
         generation = None if turn.runs_tools else await guard(self.open(turn))
         if req.stream:
