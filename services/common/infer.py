@@ -93,8 +93,10 @@ class Attempts:
 
     def refused(self) -> UpstreamError:
         """No endpoint answered: the last failure, or that there was none to try."""
+        refused = self.table.start_refused.get(self.model)
+        why = f"no live replica of {self.model!r}" + (f"; none will start: {refused}" if refused else "")
         return UpstreamError(self.last or ErrorDetails(
-            grpc.StatusCode.UNAVAILABLE, f"no live replica of {self.model!r}", reason="NOT_READY", retry_after_s=1.0))
+            grpc.StatusCode.UNAVAILABLE, why, reason="NOT_READY", retry_after_s=1.0))
 
 
 async def call_unary(table: RouteTable, model: str, call: Callable[[Endpoint], Awaitable[T]]) -> T:

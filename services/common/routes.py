@@ -101,6 +101,7 @@ class RouteTable:
         # Asks the coordinator for a replica of a model at zero (the watcher sets it; None: cannot).
         self.request_replica: Callable[[str], Awaitable[None]] | None = None
         self._asked: dict[str, float] = {}  # model -> when a replica was last asked for (loop time)
+        self.start_refused: dict[str, str] = {}  # model -> why the coordinator starts none (until asked again)
         self.cold_start_timeout_s = float(os.environ.get(ENV_COLD_START_TIMEOUT_S, COLD_START_TIMEOUT_S))
         self.refresh_wait_s = REFRESH_WAIT_S
 
@@ -145,16 +146,17 @@ class RouteTable:
 
     async def wait_newer(self, version: int, timeout_s: float) -> bool:
         """Whether a snapshot newer than `version` is applied, waiting up to `timeout_s` for one."""
-        if self.version == version:
-            with contextlib.suppress(TimeoutError):  # asyncio.timeout: 3.11's wait_for can lose a cancel
-                async with asyncio.timeout(timeout_s):
+        with contextlib.suppress(TimeoutError):  # asyncio.timeout: 3.11's wait_for can lose a cancel
+            async with asyncio.timeout(timeout_s):
+                while self.version == version:
                     await self._applied.wait()
         return self.version != version
 
     async def cold_start(self, model: str) -> list[Endpoint]:
         """Endpoints of a model at zero replicas, once one serves: asks the coordinator for a replica
         (once per model every REASK_S, however many calls wait: again only if a start got lost) and
-        waits for a snapshot that routes to one; [] after `cold_start_timeout_s`."""
+        waits for a snapshot that routes to one; [] after `cold_start_timeout_s`, or at once when the
+        coordinator said none will start (`refuse_start`; it is asked again after REASK_S)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cold_start_timeout_s
         while not (endpoints := self.candidates(model)):
@@ -162,6 +164,8 @@ class RouteTable:
             if route is None or not route.scale_to_zero or loop.time() >= deadline:
                 return []
             self._ask_for_replica(model)
+            if model in self.start_refused:
+                return []
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(REASK_S, deadline - loop.time())):
                     await self._applied.wait()
@@ -172,9 +176,16 @@ class RouteTable:
         if self.request_replica is None or now - self._asked.get(model, -REASK_S) < REASK_S:
             return
         self._asked[model] = now
+        self.start_refused.pop(model, None)
         task = asyncio.get_running_loop().create_task(self.request_replica(model))
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
+
+    def refuse_start(self, model: str, reason: str) -> None:
+        """The coordinator will start no replica of `model` (`reason`): its cold starts end now."""
+        self.start_refused[model] = reason
+        applied, self._applied = self._applied, asyncio.Event()
+        applied.set()
 
     def mark_bad(self, endpoint: Endpoint, started_at: float | None = None) -> None:
         """A call on `endpoint`, made at `started_at` (monotonic), failed (unreachable, or its stream
@@ -247,6 +258,7 @@ class RoutingWatcher:
             return
         if not reply.starting:
             log.info("no replica of %s will start: %s", model, reply.reason)
+            self.table.refuse_start(model, reply.reason)
 
     async def _run(self) -> None:
         backoff = 0.1

@@ -25,6 +25,7 @@ from services.coordinator.serve_control import ServeControl
 
 log = logging.getLogger(__name__)
 WAKE_TIMEOUT_S = 600.0  # a cold start loads a model: minutes for a large one
+WAKE_RETRY_S = 30.0  # a wake that failed is not tried again sooner
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
@@ -37,6 +38,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         # subscriber ever receives a blank snapshot from a coordinator that has not caught up yet.
         self.routing_ready = asyncio.Event()
         self._waking: dict[str, asyncio.Task] = {}  # app -> its wake call (RequestReplica)
+        self._wake_failed: dict[str, tuple[str, float]] = {}  # app -> why its last wake failed, until when
 
     # ---- deploys -----------------------------------------------------------------------------
     async def Deploy(self, request: pb.DeployRequest, context) -> AsyncIterator[pb.DeployEvent]:
@@ -140,16 +142,23 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             return pb.RequestReplicaResponse(reason=f"no model {request.model!r} is deployed")
         if not scales_to_zero(model.spec):
             return pb.RequestReplicaResponse(reason=f"{request.model!r} does not scale to zero")
+        failed = self._wake_failed.get(model.app)
+        if failed is not None and asyncio.get_running_loop().time() < failed[1]:
+            return pb.RequestReplicaResponse(reason=failed[0])  # callers answer at once, not at their deadline
         if not self.registry.live(model.spec.name, model.version) and model.app not in self._waking:
             self._waking[model.app] = asyncio.get_running_loop().create_task(self._wake(model.app))
         return pb.RequestReplicaResponse(starting=True)
 
     async def _wake(self, app: str) -> None:
-        """One wake per app at a time, however many gateways ask (their requests wait on routing)."""
+        """One wake per app at a time, however many gateways ask (their requests wait on routing).
+        One that failed is the answer to the asks of the next WAKE_RETRY_S, then it is tried again."""
         try:
             await asyncio.wait_for(self.serve.wake(app), WAKE_TIMEOUT_S)
-        except Exception as e:  # the gateways' waits end on their own deadline; say why here
+            self._wake_failed.pop(app, None)
+        except Exception as e:
             log.warning("starting a replica of %s failed: %r", app, e)
+            self._wake_failed[app] = (f"starting a replica failed: {e!r}",
+                                      asyncio.get_running_loop().time() + WAKE_RETRY_S)
         finally:
             del self._waking[app]
 

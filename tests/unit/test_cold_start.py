@@ -10,7 +10,9 @@ import pytest
 
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as cpb
-from services.common.routes import RouteTable
+from mship.worker.v1 import worker_pb2 as pb
+from services.common.infer import UpstreamError, open_infer
+from services.common.routes import REASK_S, RouteTable
 
 
 def snapshot(version: int, replicas: int) -> cpb.RoutingSnapshot:
@@ -69,4 +71,29 @@ async def test_a_cancel_that_comes_with_the_snapshot_it_waited_for_is_kept():
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+    await table.close()
+
+
+async def test_a_start_the_coordinator_refuses_ends_the_waits_at_once_and_says_why():
+    """A wake that failed (nowhere to place the model), or a model the coordinator no longer
+    serves at zero: the calls answer now, naming why, not at the end of their bound; the
+    coordinator is asked again after REASK_S."""
+    table = RouteTable()
+    table.apply(snapshot(1, 0))
+    table.cold_start_timeout_s = 30
+    asked: list[str] = []
+
+    async def refusing(model: str) -> None:
+        asked.append(model)
+        table.refuse_start(model, "starting a replica failed: no node has the memory")
+
+    table.request_replica = refusing
+    waits = [asyncio.ensure_future(table.cold_start("idle")) for _ in range(3)]
+    assert await asyncio.wait_for(asyncio.gather(*waits), 5) == [[], [], []]
+    assert await table.cold_start("idle") == [] and asked == ["idle"]  # not asked again so soon
+    with pytest.raises(UpstreamError) as e:
+        await open_infer(table, "idle", pb.InferRequest(model="idle"))
+    assert "none will start: starting a replica failed: no node has the memory" in e.value.details.message
+    table._asked["idle"] -= REASK_S  # later: asked again
+    assert await asyncio.wait_for(table.cold_start("idle"), 5) == [] and asked == ["idle", "idle"]
     await table.close()

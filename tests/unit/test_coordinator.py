@@ -6,9 +6,14 @@ import socket
 
 import pytest
 
+from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from services.coordinator.executor import failure_reason
 from services.coordinator.leases import HISTORY, LeaseManager
+from services.coordinator.planner import RunningModel
+from services.coordinator.registry import ReplicaRegistry
+from services.coordinator.servicer import CoordinatorServicer
+from tests.helpers import until
 
 SERVE_FAILURE = """The deployment failed to start 3 times in a row. This may be due to a problem with its \
 constructor or initial health check failing. See controller logs for details. Error:
@@ -64,3 +69,33 @@ async def test_a_coordinator_whose_port_is_taken_fails_and_tears_down_cleanly():
         with pytest.raises((OSError, RuntimeError), match="bind"):
             await coordinator.__init__("127.0.0.1", port, "127.0.0.1:1")
         await coordinator_class.__del__(coordinator)  # what Serve runs next: no AttributeError
+
+
+class OneModelAtZero:
+    """The deployer of one model autoscaled to zero, and Serve's control, whose wakes fail."""
+
+    def __init__(self) -> None:
+        spec = common_pb2.ModelSpec(name="idle", autoscaling=common_pb2.AutoscalingConfig(min_replicas=0))
+        self.model, self.wakes = RunningModel(spec, "v1", "app-idle"), 0
+
+    def running_models(self) -> list[RunningModel]:
+        return [self.model]
+
+    async def wake(self, app: str) -> None:
+        self.wakes += 1
+        raise RuntimeError("no node has the memory")
+
+
+async def test_a_wake_that_failed_answers_the_next_asks_then_is_tried_again():
+    """Gateways waiting for a cold start are told at once that none will start, with why, instead
+    of each waiting out its bound; after WAKE_RETRY_S the model is woken again."""
+    cluster = OneModelAtZero()
+    servicer = CoordinatorServicer(ReplicaRegistry(), cluster, None, cluster)  # type: ignore[arg-type]
+    ask = pb.RequestReplicaRequest(model="idle")
+    assert (await servicer.RequestReplica(ask, None)).starting
+    await until(lambda: not servicer._waking, "the wake to fail")
+    refused = await servicer.RequestReplica(ask, None)
+    assert not refused.starting and "no node has the memory" in refused.reason and cluster.wakes == 1
+    servicer._wake_failed["app-idle"] = (refused.reason, 0.0)  # its time has passed
+    assert (await servicer.RequestReplica(ask, None)).starting
+    await until(lambda: cluster.wakes == 2, "the second wake")
