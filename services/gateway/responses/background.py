@@ -83,6 +83,8 @@ class BackgroundRuns:
             log.warning("background response %s lost the state store: %s", rid, e)
         except asyncio.CancelledError:
             log.info("background response %s stopped", rid)
+        except Exception:  # its lease expires and reports it failed; say which run and why here
+            log.exception("background response %s failed", rid)
         finally:
             if renewer is not None:
                 renewer.cancel()
