@@ -90,7 +90,7 @@ class RouteTable:
         self.token = token  # None: this node's platform token
         self.picker: ReplicaPicker = picker or LeastOutstanding()
         self.breaker = breaker or EndpointBreaker()
-        self._probes: set[asyncio.Task] = set()  # health probes and replica requests in flight
+        self._probes: set[asyncio.Task] = set()  # health probes, replica requests, channels left to close
         self.version = 0
         self.routes: dict[str, Route] = {}
         self.pending: list[str] = []
