@@ -18,6 +18,7 @@ from services.gateway.responses.router import enable_responses
 from services.gateway.responses.serving import ResponsesServing
 from services.state.client import StateClient
 from services.state.deployment import start_state_server
+from tests.helpers import until
 from tests.openresponses import check_compaction, check_events, check_response, check_socket_turn
 from tests.unit.gateway_harness import MODEL, Gateway
 
@@ -125,6 +126,32 @@ async def test_a_socket_closed_after_response_created_releases_the_worker_call(r
     async with connect(f"ws://127.0.0.1:{gateway.http.port}/v1/responses") as ws:
         await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "store": False}))
         assert json.loads(await ws.recv())["type"] == "response.created"
+
+
+async def test_a_socket_that_sent_another_message_mid_turn_then_hung_up_releases_the_worker_call(
+        responses, workers, gateway):
+    """The next message waits for the turn; the socket is still watched meanwhile, so a hang-up
+    after it cancels the turn (the workers fixture requires the worker calls released)."""
+    for w in workers:
+        w.engine.hold.clear()
+    async with connect(f"ws://127.0.0.1:{gateway.http.port}/v1/responses") as ws:
+        create = json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "store": False})
+        await ws.send(create)
+        assert json.loads(await ws.recv())["type"] == "response.created"
+        await ws.send(create)  # mid-turn
+    await until(lambda: any(w.engine.cancelled for w in workers), "the turn's engine request cancelled")
+
+
+async def test_messages_sent_mid_turn_are_answered_in_order_after_it(responses, workers, gateway):
+    async with connect(f"ws://127.0.0.1:{gateway.http.port}/v1/responses") as ws:
+        for text in ("one", "two"):
+            await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": text, "store": False}))
+        ids = []
+        while len(ids) < 2:
+            event = json.loads(await ws.recv())
+            if event["type"] in TERMINAL:
+                ids.append(event["response"]["id"])
+        assert len(set(ids)) == 2
 
 
 async def test_an_id_longer_than_the_store_holds_is_404_not_500(responses, workers, client):

@@ -10,6 +10,7 @@ latest id once a continuation from it failed (its cached state is dropped, as th
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from typing import Any
 
@@ -37,19 +38,33 @@ class ResponsesSocket:
 
     async def serve(self) -> None:
         """Turns one after another. The socket is read during a turn too: a client that hangs up
-        mid-turn cancels it (and its worker call) at once, not at the turn's next send; a message
-        that arrives meanwhile waits for the turn to end."""
+        mid-turn cancels it (and its worker call) at once, not at the turn's next send; messages
+        that arrive meanwhile wait, in order, for the turn to end (and the socket is still watched)."""
         await self.ws.accept()
-        receiving = asyncio.ensure_future(self.ws.receive())
+        arrived: collections.deque[dict[str, Any]] = collections.deque()  # read, not yet answered
+        receiving: asyncio.Future | None = asyncio.ensure_future(self.ws.receive())
         turn: asyncio.Future | None = None
         try:
-            while (message := await receiving)["type"] != "websocket.disconnect":
-                receiving = asyncio.ensure_future(self.ws.receive())
+            while True:
+                if not arrived:
+                    assert receiving is not None
+                    arrived.append(await receiving)
+                    receiving = None
+                message = arrived.popleft()
+                if message["type"] == "websocket.disconnect":
+                    return
                 turn = asyncio.ensure_future(self._answer(message.get("text") or ""))
-                await asyncio.wait({turn, receiving}, return_when=asyncio.FIRST_COMPLETED)
-                if receiving.done() and receiving.result()["type"] == "websocket.disconnect":
-                    turn.cancel()
-                await asyncio.wait({turn})  # (this task's own cancellation still propagates)
+                while not turn.done():
+                    if receiving is None:
+                        receiving = asyncio.ensure_future(self.ws.receive())
+                    await asyncio.wait({turn, receiving}, return_when=asyncio.FIRST_COMPLETED)
+                    if receiving.done():
+                        arrived.append(received := receiving.result())
+                        receiving = None
+                        if received["type"] == "websocket.disconnect":  # gone: nothing more is answered
+                            turn.cancel()
+                            await asyncio.wait({turn})  # (this task's own cancellation still propagates)
+                            return
                 failure = None if turn.cancelled() else turn.exception()
                 if failure is not None and not isinstance(failure, WebSocketDisconnect):
                     raise failure
