@@ -46,6 +46,13 @@ class StreamEnded:
                                     f"the worker's delivery stream ended: {self.cause}")
 
 
+def ended_here(why: str) -> grpc.aio.AioRpcError:
+    """The error of a call that gRPC ended on the caller's side (its channel closed under it): a
+    dropped call, CANCELLED with no reason (a 503, tried elsewhere before the first token)."""
+    return grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                f"the call was ended here: {why}")
+
+
 def delivered_before(error: BaseException) -> int:
     """How many deltas the worker sent on the delivery stream before the call failed (its
     `ErrorInfo` says, services/worker/servicer.py): the error waits for them as a Final does."""
@@ -86,9 +93,7 @@ class DeliveredCall:
             return
         except (asyncio.CancelledError, grpc.aio.UsageError) as e:
             if not self._cancelled:  # gRPC ended the call here (its channel closed), not our cancel()
-                put(_CALL_ENDED if final else grpc.aio.AioRpcError(  # after the Final: the answer is whole
-                    grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                    f"the call was ended here: {type(e).__name__}"))
+                put(_CALL_ENDED if final else ended_here(type(e).__name__))  # after the Final: the answer is whole
             raise
         put(_CALL_ENDED)
 

@@ -16,7 +16,7 @@ import grpc
 
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.affinity import prefix_key
-from services.common.delivery import DeliveredCall
+from services.common.delivery import DeliveredCall, ended_here
 from services.common.errors import ErrorDetails
 from services.common.routes import Endpoint, RouteTable
 
@@ -143,9 +143,8 @@ class InferStream:
         try:
             first = await self._call.read()
         except asyncio.CancelledError:
-            if (dropped := self._dropped()) is None:
-                raise
-            raise dropped from None
+            self._raise_if_dropped()
+            raise
         if first is grpc.aio.EOF:
             self.ended = True
             return False
@@ -162,9 +161,8 @@ class InferStream:
                 try:
                     event = await self._call.read()
                 except asyncio.CancelledError:
-                    if (dropped := self._dropped()) is None:
-                        raise
-                    raise dropped from None
+                    self._raise_if_dropped()
+                    raise
             except grpc.aio.AioRpcError as e:
                 self.ended = True
                 details = ErrorDetails.from_rpc_error(e)
@@ -178,15 +176,13 @@ class InferStream:
             self.last_at, self.last = time.monotonic(), event
             yield event
 
-    def _dropped(self) -> grpc.aio.AioRpcError | None:
-        """A read cancelled although neither its caller nor `close()` cancelled it: gRPC ended the
-        call here (its channel closed under it). That is a dropped call, CANCELLED with no reason: a
-        503, and tried elsewhere before the first token. None: the caller's own cancel."""
+    def _raise_if_dropped(self) -> None:
+        """For a read cancelled although neither its caller nor `close()` cancelled it: gRPC ended
+        the call here (its channel closed under it), a dropped call. Returns for the caller's own
+        cancel, which the caller re-raises."""
         task = asyncio.current_task()
-        if self.closed or (task is not None and task.cancelling()):
-            return None
-        return grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                    "the call was ended here: its channel closed")
+        if not self.closed and not (task is not None and task.cancelling()):
+            raise ended_here("its channel closed") from None
 
     @property
     def cut_short(self) -> bool:

@@ -16,7 +16,7 @@ from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 from services.common import delivery
-from services.common.delivery import DeliveredCall, DeliveryReader
+from services.common.delivery import DeliveredCall
 from services.common.infer import InferStream, UpstreamError, open_infer
 from services.common.routes import CHANNEL_OPTIONS, Endpoint, RouteTable
 from services.worker.delivery import MAX_BATCH, Delivery
@@ -24,7 +24,7 @@ from services.worker.server import SERVER_OPTIONS, WorkerServer, worker_server
 from services.worker.servicer import WorkerServicer
 from tests.engine_double import ScriptedEngine, ServedWorker, serve_worker
 from tests.helpers import until
-from tests.unit.test_infer import MODEL, request, routing
+from tests.unit.test_infer import MODEL, opened, request, routing
 
 SCRIPT = ["one", " two", " three", " four"]
 
@@ -50,15 +50,6 @@ async def table(worker: ServedWorker) -> AsyncIterator[RouteTable]:
 
 def endpoint(table: RouteTable) -> Endpoint:
     return table.routes[MODEL].endpoints[0]
-
-
-async def opened(table: RouteTable) -> DeliveryReader:
-    """The endpoint's delivery stream, open (the first call opens it and carries its own deltas)."""
-    stream = await open_infer(table, MODEL, request("opens-the-stream"))
-    await read_all(stream)
-    reader = endpoint(table).delivery
-    await until(lambda: reader.is_open, "the delivery stream opened")
-    return reader
 
 
 async def read_all(stream: InferStream) -> tuple[str, pb.Final]:

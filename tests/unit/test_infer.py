@@ -13,6 +13,7 @@ import pytest
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
+from services.common.delivery import DeliveryReader
 from services.common.infer import UpstreamError, call_unary, open_infer
 from services.common.picker import PrefixAffinity
 from services.common.routes import RouteTable
@@ -33,6 +34,19 @@ def routing(*ports: int) -> RouteTable:
         replica.endpoint.host, replica.endpoint.port = "127.0.0.1", port
     table.apply(snapshot)
     return table
+
+
+async def opened(table: RouteTable) -> DeliveryReader:
+    """The endpoint's delivery stream, open (the first call opens it and carries its own deltas)."""
+    stream = await open_infer(table, MODEL, request("opens-the-stream"))
+    try:
+        events = [e async for e in stream]
+    finally:
+        stream.close()
+    assert events[-1].HasField("final"), "the stream ended without its Final"
+    reader = table.routes[MODEL].endpoints[0].delivery
+    await until(lambda: reader.is_open, "the delivery stream opened")
+    return reader
 
 
 @pytest.fixture
@@ -244,12 +258,8 @@ async def made_again_after_its_connection_broke(delivery_open: bool) -> None:
     abort = worker.engine.abort
     worker.engine.abort = lambda ids: aborted.extend(ids) or abort(ids)  # type: ignore[method-assign]
     try:
-        if delivery_open:  # the first call opens the endpoint's delivery stream
-            warm = await open_infer(table, MODEL, request("warm"))
-            assert len([e async for e in warm]) == 3
-            warm.close()
-            reader = table.routes[MODEL].endpoints[0].delivery
-            await until(lambda: reader.is_open, "the delivery stream opened")
+        if delivery_open:
+            await opened(table)
         worker.engine.first_hold.clear()
         opening = asyncio.create_task(open_infer(table, MODEL, request("cut")))
         await until(lambda: worker.engine.started.count("cut") == 1, "the call to reach the engine")

@@ -17,7 +17,7 @@ from services.common.infer import InferStream, UpstreamError, open_infer
 from services.common.routes import RouteTable
 from tests.engine_double import ScriptedEngine, ServedWorker, serve_worker
 from tests.helpers import until
-from tests.unit.test_infer import MODEL, request, routing
+from tests.unit.test_infer import MODEL, opened, request, routing
 
 
 @pytest.fixture
@@ -33,11 +33,7 @@ async def worker() -> AsyncIterator[ServedWorker]:
 async def held_stream(worker: ServedWorker, table: RouteTable, delivered: bool) -> InferStream:
     """A stream parked before its last chunk, on the endpoint's delivery stream or on the call."""
     if delivered:
-        warm = await open_infer(table, MODEL, request("warm"))
-        assert len([e async for e in warm]) == 4
-        warm.close()
-        reader = table.routes[MODEL].endpoints[0].delivery
-        await until(lambda: reader.is_open, "the delivery stream opened")
+        await opened(table)
     worker.engine.hold.clear()
     stream = await open_infer(table, MODEL, request("long"))
     assert isinstance(stream._call, DeliveredCall) == delivered
