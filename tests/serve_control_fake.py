@@ -204,8 +204,8 @@ class DeployRig:
             raise self.commit_error
         self.commits.append(list(models))
 
-    async def _committed(self) -> list[common_pb2.ModelSpec]:
-        return self.commits[-1] if self.commits else []
+    async def _committed(self) -> list[common_pb2.ModelSpec] | None:
+        return self.commits[-1] if self.commits else None  # none stored yet
 
 
 def phases(record: DeployRecord) -> dict[str, int]:

@@ -6,6 +6,8 @@ once and a client never imports a service's internals to learn it.
 
 from __future__ import annotations
 
+import re
+
 from mship.common.v1 import common_pb2
 
 # models.yaml `loader:` -> the proto enum.
@@ -39,6 +41,11 @@ def loader_name(loader: int) -> str:
     return LOADER_NAMES.get(loader, "vllm")
 
 
+DEFAULT_REPLICA_CPUS = 0.5  # what a model replica asks Ray for when its spec names no num_cpus
+# A model's name (its OpenAI `model` id), as models.yaml and the coordinator accept it.
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+
+
 def capability_resource(loader: str) -> str:
     """The Ray custom resource a node advertises when it can run `loader`; every replica of a model
     with that loader requests it, so Ray places it only where the engine really runs."""
@@ -55,6 +62,7 @@ GATEWAY_RESOURCE = "mship_gateway"
 ENV_COORDINATOR = "MSHIP_COORDINATOR"            # the CLI's default --coordinator
 ENV_STATE_STORE = "MSHIP_STATE_STORE"            # memory:// or redis://...
 ENV_REDIS_PASSWORD = "MSHIP_REDIS_PASSWORD"      # for a redis:// store URL without one
+ENV_STATE_RETENTION_S = "MSHIP_STATE_RETENTION_S"  # stored responses: kept this long after their last write
 ENV_CACHE_DIR = "MSHIP_CACHE_DIR"                # built models (default ~/.cache/mship)
 ENV_TRUST_IDENTITY_HEADER = "MSHIP_TRUST_IDENTITY_HEADER"  # "1": honour x-mship-identity (older spelling)
 ENV_TRUSTED_IDENTITY_HEADER = "MSHIP_TRUSTED_IDENTITY_HEADER"  # e.g. x-user: a proxy in front authenticates
@@ -94,4 +102,5 @@ PLATFORM_ENV = (ENV_CACHE_DIR, ENV_REDIS_PASSWORD, ENV_TRUST_IDENTITY_HEADER, EN
                 ENV_TRUSTED_IDENTITY_HEADER, ENV_API_KEYS, ENV_API_KEYS_FILE, ENV_RATE_LIMITS_FILE,
                 ENV_MAX_REQUEST_BODY_BYTES, ENV_CORS_ORIGINS, ENV_AUDIT_LOG, ENV_AUDIT_CONTENT,
                 ENV_BREAKER_FAILURES, ENV_BREAKER_COOLDOWN_S, ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S,
-                ENV_MAX_AUDIO_BYTES, ENV_MAX_AUDIO_SECONDS, ENV_REPLICA_PICKER, ENV_ENGINE_SPIN_S)
+                ENV_MAX_AUDIO_BYTES, ENV_MAX_AUDIO_SECONDS, ENV_REPLICA_PICKER, ENV_ENGINE_SPIN_S,
+                ENV_STATE_RETENTION_S)

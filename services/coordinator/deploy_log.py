@@ -30,6 +30,7 @@ class DeployRecord:
     events: EventLog[pb.DeployEvent] = field(default_factory=EventLog)
     task: asyncio.Task | None = None
     cancelling: bool = False  # set once: a restore in progress is never interrupted by a second cancel
+    committing: bool = False  # what it changed is in place and being committed: too late to cancel
 
     @property
     def finished(self) -> bool:

@@ -2,15 +2,18 @@
 superseding it), each cancellable back to the set that ran before it, progress in the deploy log.
 
 The plan comes from `planner`, `executor` carries it out on Serve. After a deploy the set that runs
-is written to the state service as the committed set, also after a partial failure (a failed
-model kept its old version or count), so the stored set stays true to what serves.
+is written to the state service as the committed set whenever it differs from the set before, also
+after a partial failure, a Serve error or a cancel that could not go all the way back, so the
+stored set stays true to what serves. A coordinator's recovery after a restart holds the deploys
+back (`exclusive`) until it has adopted what runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
@@ -23,7 +26,7 @@ from services.coordinator.serve_control import ServeControl
 log = logging.getLogger(__name__)
 Phase = pb.ModelPhase
 Commit = Callable[[list[common_pb2.ModelSpec], str], Awaitable[None]]
-Committed = Callable[[], Awaitable[list[common_pb2.ModelSpec]]]
+Committed = Callable[[], Awaitable[list[common_pb2.ModelSpec] | None]]  # None: no set was ever stored
 
 
 class Deployer:
@@ -37,7 +40,7 @@ class Deployer:
         self._commit = commit
         self._committed = committed
         self._one_at_a_time = asyncio.Lock()
-        self._active: DeployRecord | None = None
+        self._busy_with = ""  # what holds `_one_at_a_time`: a deploy, or the coordinator's recovery
 
     # ---- the public API the servicer and recovery use ------------------------------------------
     def start(self, request: pb.DeployRequest) -> DeployRecord:
@@ -59,11 +62,23 @@ class Deployer:
         """Cancel a queued or running deploy and wait (up to `wait_s`) until it has gone back."""
         record = self.records.get(deploy_id) if deploy_id else None
         if record is not None and record.task is not None and record.in_flight():
-            if not record.cancelling:
+            if not record.cancelling and not record.committing:  # committing: it ends by itself
                 record.cancelling = True
                 record.task.cancel()
             await asyncio.wait({record.task}, timeout=wait_s)
         return record
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, what: str) -> AsyncIterator[None]:
+        """Hold the deploys back while `what` runs (a queued deploy says it waits for `what`). The
+        recovery after a restart holds them: a deploy planned against a running set not yet
+        adopted would duplicate or orphan what runs."""
+        async with self._one_at_a_time:
+            self._busy_with = what
+            try:
+                yield
+            finally:
+                self._busy_with = ""
 
     async def adopt(self, models: dict[str, RunningModel]) -> None:
         """Take over models that already run (after a coordinator restart) and route them."""
@@ -78,15 +93,11 @@ class Deployer:
                 for other in [r for r in self.records.in_flight() if r is not record]:
                     record.emit(f"superseding deploy {other.deploy_id}")
                     await self.cancel(other.deploy_id)
-            if self._one_at_a_time.locked() and self._active is not None:
-                record.emit(f"queued behind deploy {self._active.deploy_id}; it runs when that one ends "
-                            "(or deploy with --supersede to cancel that one)")
-            async with self._one_at_a_time:
-                self._active = record
-                try:
-                    await self._execute(record, request)
-                finally:
-                    self._active = None
+            if self._one_at_a_time.locked() and self._busy_with:
+                record.emit(f"queued behind {self._busy_with}")
+            async with self.exclusive(f"deploy {record.deploy_id}; it runs when that one ends "
+                                      "(or deploy with --supersede to cancel that one)"):
+                await self._execute(record, request)
         except asyncio.CancelledError:
             if not record.finished:  # cancelled while queued: nothing ran
                 record.error = "cancelled"
@@ -99,37 +110,71 @@ class Deployer:
         record.emit("started", state=pb.DEPLOY_STATE_RUNNING)
         try:
             if request.use_committed:  # self-heal: bring back the set the state service holds
-                if self._committed is None:
-                    raise RuntimeError("no state service to read the committed model set from")
-                request = pb.DeployRequest(models=await self._committed(), mode=pb.DEPLOY_MODE_RECONCILE,
-                                           drain_timeout_s=request.drain_timeout_s)
-                record.emit(f"the committed set: {', '.join(s.name for s in request.models) or 'empty'}")
+                request = await self._committed_request(record, request)
             ok = await executor.apply(record, await executor.plan(request))
             if request.mode == pb.DEPLOY_MODE_RECONCILE:
                 await self.registry.settle_expected(s.name for s in request.models)
         except asyncio.CancelledError:
             record.emit("cancelled: going back to the set that ran before this deploy")
             try:
-                await executor.restore(record, before)
+                failed = await executor.restore(record, before)
+                record.error = "cancelled" + (f"; going back failed for {', '.join(failed)}" if failed else "")
             except Exception as e:
                 log.exception("deploy %s: restore after cancel failed", record.deploy_id)
                 record.error = f"cancelled; going back failed: {type(e).__name__}: {e}"
-            else:
-                record.error = "cancelled"
+            if (error := await self._commit_changes(record, before)) is not None:
+                record.error += f"; {error}"
             record.emit(record.error, state=pb.DEPLOY_STATE_CANCELLED)
             raise
         except Exception as e:  # a bug or Serve failure: report, never leave the record hanging
             log.exception("deploy %s failed", record.deploy_id)
             record.error = f"{type(e).__name__}: {e}"
+            if (error := await self._commit_changes(record, before)) is not None:
+                record.error += f"; {error}"
             record.emit(record.error, state=pb.DEPLOY_STATE_FAILED)
             return
         failed = [f"{p.name}: {p.reason}" for p in record.models.values() if p.phase == Phase.MODEL_PHASE_FAILED]
-        if self._commit is not None and (ok or specs_of(executor.running) != specs_of(before)):
-            try:
-                await self._commit([m.spec for m in executor.running.values()], record.deploy_id)
-            except Exception as e:  # what runs stays; the deploy says the stored set is behind it
-                log.exception("deploy %s: writing the committed set failed", record.deploy_id)
-                ok = False
-                failed.append(f"the committed set was not written: {type(e).__name__}: {e}")
+        if (error := await self._commit_changes(record, before, always=ok)) is not None:
+            ok = False
+            failed.append(error)
         record.error = "; ".join(failed)
         record.emit(record.error or "done", state=pb.DEPLOY_STATE_SUCCEEDED if ok else pb.DEPLOY_STATE_FAILED)
+
+    async def _committed_request(self, record: DeployRecord, request: pb.DeployRequest) -> pb.DeployRequest:
+        """The self-heal deploy's request: the committed set, reconciled. Where none is stored (the
+        state service lost it), what runs stays, and is committed: reconciling to an empty set
+        would remove every model."""
+        if self._committed is None:
+            raise RuntimeError("no state service to read the committed model set from")
+        drain = request.drain_timeout_s if request.HasField("drain_timeout_s") else None
+        committed = await self._committed()
+        if committed is None:
+            running = [m.spec for m in self._executor.running.values()]
+            record.emit("no committed set is stored (none was written yet, or the state service lost it): "
+                        f"what runs stays{' and becomes the committed set' if running else ''}")
+            return pb.DeployRequest(models=running, mode=pb.DEPLOY_MODE_RECONCILE, drain_timeout_s=drain)
+        record.emit(f"the committed set: {', '.join(s.name for s in committed) or 'empty'}")
+        return pb.DeployRequest(models=committed, mode=pb.DEPLOY_MODE_RECONCILE, drain_timeout_s=drain)
+
+    async def _commit_changes(self, record: DeployRecord, before: dict[str, RunningModel],
+                              always: bool = False) -> str | None:
+        """Write the running set as the committed set (`always`, or when it differs from `before`).
+        Too late to cancel meanwhile: what it writes is in place. The error, if the write failed."""
+        executor = self._executor
+        if self._commit is None or not (always or specs_of(executor.running) != specs_of(before)):
+            return None
+        record.committing = True
+        write = asyncio.ensure_future(self._commit([m.spec for m in executor.running.values()], record.deploy_id))
+        try:
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:  # a cancel that came just before `committing` was set
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                await asyncio.wait({write})
+                write.result()
+        except Exception as e:  # what runs stays; the deploy says the stored set is behind it
+            log.exception("deploy %s: writing the committed set failed", record.deploy_id)
+            return f"the committed set was not written: {type(e).__name__}: {e}"
+        finally:
+            record.committing = False
+        return None

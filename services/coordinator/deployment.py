@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 
-import grpc
 from grpc_health.v1 import health, health_pb2
 from ray import serve
 
@@ -19,7 +18,7 @@ from services.common.logs import configure_logging
 from services.common.tracing import configure_tracing
 from services.coordinator.deployer import Deployer
 from services.coordinator.leases import LeaseManager
-from services.coordinator.recovery import recover
+from services.coordinator.recovery import take_over
 from services.coordinator.registry import ReplicaRegistry
 from services.coordinator.serve_control import RayServeControl
 from services.coordinator.server import coordinator_server
@@ -50,21 +49,19 @@ class CoordinatorDeployment:
                                             HEARTBEAT_INTERVAL_S)
         self.health = health.aio.HealthServicer()
         self.server, _ = coordinator_server(self.servicer, f"{host}:{port}", self.health)
-        await self.server.start()
+        # Before the server starts: recovery holds the deploys back before any can arrive.
         self._tasks = [asyncio.create_task(self._recover()), asyncio.create_task(self._expire_loop())]
+        await self.server.start()
         log.info("coordinator on %s", self.address)
 
     async def _recover(self) -> None:
         """Adopt what is already running (a restart), then open WatchRouting."""
-        await recover(self.registry, self.deployer, self.serve, lambda: self.state.get_model_set(timeout_s=5),
-                      RECOVERY_WAIT_S)
-        try:  # the committed set comes back (the start's self-heal deploy, or the platform's own models)
-            committed = [s.name for s in await self.state.get_model_set(timeout_s=5)]
-        except grpc.aio.AioRpcError:
-            committed = []
-        await self.registry.expect([*committed, *self.expected])
-        self.servicer.routing_ready.set()
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        async def ready() -> None:
+            self.servicer.routing_ready.set()
+            await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+        await take_over(self.registry, self.deployer, self.serve, lambda: self.state.get_model_set(timeout_s=5),
+                        self.expected, RECOVERY_WAIT_S, ready)
 
     async def _expire_loop(self) -> None:
         while True:

@@ -18,7 +18,7 @@ from mship.coordinator.v1 import coordinator_pb2 as pb
 from services.coordinator.deploy_log import DeployRecord
 from services.coordinator.fingerprint import app_name
 from services.coordinator.placement import unhostable
-from services.coordinator.planner import Plan, RunningModel, needs_serve_targets, plan_deploy
+from services.coordinator.planner import Plan, RunningModel, needs_serve_targets, plan_deploy, specs_of
 from services.coordinator.registry import ActiveModel, ReplicaRegistry
 from services.coordinator.serve_control import ModelApps, ServeControl
 
@@ -44,9 +44,10 @@ class Executor:
             targets = {name: app.target_replicas for name, app in (await self.serve.model_apps()).items()}
         return plan_deploy(self.running, request, targets)
 
-    async def restore(self, record: DeployRecord, before: dict[str, RunningModel]) -> None:
+    async def restore(self, record: DeployRecord, before: dict[str, RunningModel]) -> list[str]:
         """Back to `before`: new apps still loading are deleted; scale changes are undone in place;
-        models switched, added or removed by the deploy are reconciled back."""
+        models switched, added or removed by the deploy are reconciled back. The models that could
+        not go back (each kept what it ran)."""
         if self._submitting is not None:
             await asyncio.wait({self._submitting})
         for app in sorted(self._pending_apps):
@@ -55,6 +56,8 @@ class Executor:
         plan = await self.plan(pb.DeployRequest(models=[m.spec for m in before.values()],
                                                 mode=pb.DEPLOY_MODE_RECONCILE))
         await self.apply(record, plan)
+        now, then = specs_of(self.running), specs_of(before)
+        return sorted(name for name in now.keys() | then.keys() if now.get(name) != then.get(name))
 
     async def apply(self, record: DeployRecord, plan: Plan) -> bool:
         """Carry out `plan`; False when some model failed (it kept its old version or count)."""
@@ -69,17 +72,17 @@ class Executor:
                                              reason="admission limits updated (no reload)"))
         for name in plan.remove:  # first: the room it frees is there for the new models
             await self._remove(record, name)
-        for name, spec in plan.rescale.items():
-            if not await self._rescale(record, name, spec):
-                return False
+        rescaled = [await self._rescale(record, name, spec) for name, spec in plan.rescale.items()]
+        ok = all(rescaled)  # a failed rescale keeps its old count; the other models still go on
         if not plan.add:
-            return True
+            return ok
         apps = {app_name(spec, version): (spec, version) for spec, version in plan.add.values()}
         for spec, version in plan.add.values():
             record.emit(model=self._progress(spec.name, version, Phase.MODEL_PHASE_SCHEDULED))
         waiting, refused = await self._unhostable(record, apps)
+        ok = ok and not refused
         if not apps:
-            return False
+            return ok
         t0 = time.monotonic()
         self._pending_apps.update(apps)
         # Shielded: Serve's call runs in a thread that a cancel cannot stop, and a restore must not
@@ -91,7 +94,7 @@ class Executor:
         waits = [asyncio.ensure_future(self._await_ready(record, app, spec, version, t0, plan.drain_timeout_s))
                  for app, (spec, version) in apps.items() if app not in waiting]
         try:
-            return all(await asyncio.gather(*waits)) and not refused
+            return all(await asyncio.gather(*waits)) and ok
         except Exception:
             # One model's wait broke (a Serve failure): the others must not go on switching routes
             # for a deploy that has failed; what never switched is torn down, the old versions serve.
@@ -142,6 +145,8 @@ class Executor:
             self.running[name] = current  # back to the count that served before
             if in_place:
                 await self.serve.rescale(current.app, current.spec.num_replicas)
+            else:  # Serve holds the submitted config: submit the old one again
+                await self.serve.submit({current.app: (current.spec, current.version)}, self.coordinator_address)
             record.emit(model=self._progress(name, current.version, Phase.MODEL_PHASE_FAILED,
                                              reason="the replica count was not reached in time"))
             return False

@@ -42,7 +42,8 @@ def plan_deploy(running: Mapping[str, RunningModel], request: pb.DeployRequest,
                 serve_targets: Mapping[str, int]) -> Plan:
     """The plan that takes `running` to `request`; `serve_targets` is each Serve app's target
     replica count as Serve holds it now (for drift)."""
-    plan = Plan(drain_timeout_s=request.drain_timeout_s or DEFAULT_DRAIN_TIMEOUT_S)
+    plan = Plan(drain_timeout_s=request.drain_timeout_s if request.HasField("drain_timeout_s")
+                else DEFAULT_DRAIN_TIMEOUT_S)
     wanted = {spec.name: spec for spec in request.models}
     for name, spec in wanted.items():
         version = version_of(spec)

@@ -22,10 +22,13 @@ from services.coordinator.leases import LeaseManager
 from services.coordinator.placement import unhostable
 from services.coordinator.registry import ReplicaRegistry
 from services.coordinator.serve_control import ServeControl
+from services.coordinator.spec_rules import check_deploy
 
 log = logging.getLogger(__name__)
 WAKE_TIMEOUT_S = 600.0  # a cold start loads a model: minutes for a large one
 WAKE_RETRY_S = 30.0  # a wake that failed is not tried again sooner
+DEFAULT_LEASE_TTL_S = 30.0
+MAX_LEASE_S = 3600.0  # a lease's TTL and an acquire's wait: a loader renews well within it
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
@@ -42,7 +45,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
     # ---- deploys -----------------------------------------------------------------------------
     async def Deploy(self, request: pb.DeployRequest, context) -> AsyncIterator[pb.DeployEvent]:
-        _check_deploy(request)
+        check_deploy(request)
         record = self.deployer.start(request)
         async for event in record.follow():  # closing this stream stops following, not the deploy
             yield event
@@ -55,8 +58,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
     # ---- leases ------------------------------------------------------------------------------
     async def AcquireLease(self, request: pb.AcquireLeaseRequest, context) -> pb.Lease:
-        if not request.node_id or not request.holder or request.ttl_s <= 0:
-            raise invalid_parameter("node_id", "node_id, holder and ttl_s > 0 are required")
+        if not request.node_id or not request.holder:
+            raise invalid_parameter("node_id", "node_id and holder are required")
+        _check_lease_times(request.ttl_s, request.wait_s)
         lease = await self.leases.acquire(request.node_id, request.holder, request.ttl_s, request.wait_s)
         if lease is None:
             return pb.Lease(granted=False, node_id=request.node_id)
@@ -64,7 +68,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                         expires_at=lease.expires_at)
 
     async def RenewLease(self, request: pb.RenewLeaseRequest, context) -> pb.Lease:
-        lease = await self.leases.renew(request.lease_id, request.ttl_s or 30.0)
+        _check_lease_times(request.ttl_s or DEFAULT_LEASE_TTL_S)
+        lease = await self.leases.renew(request.lease_id, request.ttl_s or DEFAULT_LEASE_TTL_S)
         if lease is None:
             return pb.Lease(lease_id=request.lease_id, granted=False)
         return pb.Lease(lease_id=lease.lease_id, granted=True, node_id=lease.node_id, holder=lease.holder,
@@ -137,6 +142,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         return out
 
     async def RequestReplica(self, request: pb.RequestReplicaRequest, context) -> pb.RequestReplicaResponse:
+        await self.routing_ready.wait()  # after a restart: the models are known once recovery adopted them
         model = next((m for m in self.deployer.running_models() if m.spec.name == request.model), None)
         if model is None:
             return pb.RequestReplicaResponse(reason=f"no model {request.model!r} is deployed")
@@ -163,18 +169,15 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             del self._waking[app]
 
 
-def _check_deploy(request: pb.DeployRequest) -> None:
-    """Refuse a deploy that cannot be right before anything runs."""
-    if request.use_committed and request.models:
-        raise invalid_parameter("models", "use_committed deploys the stored set: pass no models")
-    names = [spec.name for spec in request.models]
-    if len(set(names)) != len(names):
-        raise invalid_parameter("models", "model names must be distinct")
-    if not request.models and request.mode != pb.DEPLOY_MODE_RECONCILE:
-        raise invalid_parameter("models", "an additive deploy needs at least one model")
-
-
 def _found(record: DeployRecord | None, deploy_id: str) -> DeployRecord:
     if record is None:
         raise ServiceError(grpc.StatusCode.NOT_FOUND, Reason.NOT_FOUND, f"no deploy {deploy_id!r}")
     return record
+
+
+def _check_lease_times(ttl_s: float, wait_s: float = 0.0) -> None:
+    """A lease that never expires would hold its node's loaders back for good."""
+    if not 0 < ttl_s <= MAX_LEASE_S:  # (NaN fails it too)
+        raise invalid_parameter("ttl_s", f"ttl_s must be > 0 and <= {MAX_LEASE_S:.0f} seconds")
+    if not 0 <= wait_s <= MAX_LEASE_S:
+        raise invalid_parameter("wait_s", f"wait_s must be >= 0 and <= {MAX_LEASE_S:.0f} seconds")

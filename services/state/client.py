@@ -94,10 +94,12 @@ class StateClient:
         await self.stub.PutModelSet(pb.PutModelSetRequest(model_set=pb.ModelSet(
             gateway=self.gateway, models=models, deploy_id=deploy_id)), timeout=10)
 
-    async def get_model_set(self, timeout_s: float = 10.0) -> list[common_pb2.ModelSpec]:
+    async def get_model_set(self, timeout_s: float = 10.0) -> list[common_pb2.ModelSpec] | None:
+        """The committed model set; None where none is stored (never committed, or the store lost
+        it), which is not an empty set: deploying it would remove every model."""
         reply = await self.stub.GetModelSet(pb.GetModelSetRequest(gateway=self.gateway), timeout=timeout_s,
                                             wait_for_ready=True)
-        return list(reply.models)
+        return list(reply.models) if reply.committed_at else None
 
     async def close(self) -> None:
         await self._channel.close()

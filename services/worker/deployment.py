@@ -20,7 +20,7 @@ from mship.coordinator.v1 import coordinator_pb2 as cpb
 from services.common.autoscaling import autoscaling_config
 from services.common.logs import configure_logging
 from services.common.tracing import configure_tracing
-from services.common.vocabulary import capability_resource, loader_name
+from services.common.vocabulary import DEFAULT_REPLICA_CPUS, capability_resource, loader_name
 from services.worker import metrics
 from services.worker.engine_metrics import sample_forever
 from services.worker.registration import Registrar, node_lease
@@ -108,7 +108,7 @@ def worker_app(spec: common_pb2.ModelSpec, version: str, coordinator: str):
     """The Serve application of one model version (replica count and resources from the spec)."""
     # The loader's capability resource: Ray places a replica only on a node that runs its engine.
     options: dict = {"name": "worker",
-                     "ray_actor_options": {"num_cpus": spec.num_cpus or 0.5, "num_gpus": spec.num_gpus,
+                     "ray_actor_options": {"num_cpus": spec.num_cpus or DEFAULT_REPLICA_CPUS, "num_gpus": spec.num_gpus,
                                            "resources": {capability_resource(loader_name(spec.loader)): 1}}}
     if spec.HasField("autoscaling"):
         a = spec.autoscaling

@@ -91,6 +91,7 @@ async def test_a_wake_that_failed_answers_the_next_asks_then_is_tried_again():
     of each waiting out its bound; after WAKE_RETRY_S the model is woken again."""
     cluster = OneModelAtZero()
     servicer = CoordinatorServicer(ReplicaRegistry(), cluster, None, cluster)  # type: ignore[arg-type]
+    servicer.routing_ready.set()
     ask = pb.RequestReplicaRequest(model="idle")
     assert (await servicer.RequestReplica(ask, None)).starting
     await until(lambda: not servicer._waking, "the wake to fail")

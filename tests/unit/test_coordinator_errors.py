@@ -115,3 +115,51 @@ async def test_an_unspecified_or_vllm_loader_deploys(coordinator):
     listed = await coordinator.ListModels(pb.ListModelsRequest(include_serve_apps=True), timeout=5)
     assert [(m.spec.name, m.ready_replicas) for m in listed.models] == [("a", 1), ("b", 1)]
     assert [a.status for a in listed.apps] == ["RUNNING", "RUNNING"]
+
+
+@pytest.mark.parametrize(("field", "model"), [
+    ("models[0].name", common_pb2.ModelSpec(model="builtin:tiny-qwen2")),
+    ("models[0].name", common_pb2.ModelSpec(name="a b", model="builtin:tiny-qwen2")),
+    ("models[0].model", common_pb2.ModelSpec(name="a")),
+    ("models[0].num_cpus", common_pb2.ModelSpec(name="a", model="m", num_cpus=-2)),
+    ("models[0].num_gpus", common_pb2.ModelSpec(name="a", model="m", num_gpus=float("nan"))),
+    ("models[0].num_replicas", common_pb2.ModelSpec(name="a", model="m", num_replicas=2, autoscaling=common_pb2.
+                                                    AutoscalingConfig(min_replicas=1, max_replicas=2))),
+    ("models[0].autoscaling.max_replicas", common_pb2.ModelSpec(name="a", model="m", autoscaling=common_pb2.
+                                                                AutoscalingConfig(min_replicas=3, max_replicas=1))),
+    ("models[0].autoscaling.upscale_delay_s", common_pb2.ModelSpec(name="a", model="m", autoscaling=common_pb2.
+                                                                   AutoscalingConfig(max_replicas=1,
+                                                                                     upscale_delay_s=-1))),
+])
+async def test_a_spec_that_can_never_run_is_refused_naming_its_field(coordinator, field, model):
+    err = await deploy_refusal(coordinator, pb.DeployRequest(models=[model]))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert_carries(err, invalid_parameter(field, err.details()))
+
+
+async def test_a_negative_drain_timeout_is_refused(coordinator):
+    err = await deploy_refusal(coordinator, pb.DeployRequest(models=[spec("a")], drain_timeout_s=-5))
+    assert_carries(err, invalid_parameter("drain_timeout_s", "drain_timeout_s must be a number >= 0 (0: no drain)"))
+
+
+async def test_an_unset_replica_count_is_one_and_deploying_it_again_keeps_it(coordinator):
+    unset = common_pb2.ModelSpec(name="z", model="builtin:tiny-qwen2")  # num_replicas left 0, no autoscaling
+    for _ in range(2):
+        states = [e.state async for e in coordinator.Deploy(pb.DeployRequest(models=[unset]), timeout=5)]
+        assert states[-1] == pb.DEPLOY_STATE_SUCCEEDED
+    listed = await coordinator.ListModels(pb.ListModelsRequest(), timeout=5)
+    assert [(m.spec.num_replicas, m.ready_replicas) for m in listed.models] == [(1, 1)]
+
+
+@pytest.mark.parametrize("ttl_s", [float("inf"), float("nan"), -1.0, 0.0, 7200.0])
+async def test_a_lease_ttl_that_never_or_already_expires_is_refused(coordinator, ttl_s):
+    err = await refusal(coordinator.AcquireLease(pb.AcquireLeaseRequest(node_id="n", holder="a", ttl_s=ttl_s),
+                                                 timeout=5))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    lease = await coordinator.AcquireLease(pb.AcquireLeaseRequest(node_id="n", holder="a", ttl_s=30), timeout=5)
+    if ttl_s:  # 0 on a renew is the default TTL
+        err = await refusal(coordinator.RenewLease(pb.RenewLeaseRequest(lease_id=lease.lease_id, ttl_s=ttl_s),
+                                                   timeout=5))
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    renewed = await coordinator.RenewLease(pb.RenewLeaseRequest(lease_id=lease.lease_id), timeout=5)
+    assert renewed.granted and renewed.expires_at > lease.expires_at - 1

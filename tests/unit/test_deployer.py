@@ -169,3 +169,86 @@ async def test_a_serve_failure_while_loading_stops_the_other_models_of_the_deplo
     await rig.serve.release("b")
     assert rig.route("b") == old_b  # ...and nothing switches routes for the failed deploy later
     assert [m.version for m in rig.deployer.running_models() if m.spec.name == "b"] == [old_b]
+
+
+async def test_a_serve_failure_after_a_switch_still_commits_what_serves(rig):
+    await rig.deploy(spec("a"), spec("b"))
+    delete = rig.serve.delete
+
+    async def delete_fails_for_a_v1(name: str) -> None:  # Serve's controller fails the old version's delete
+        if name == app_name(spec("a")):
+            raise RuntimeError("controller unavailable")
+        await delete(name)
+
+    rig.serve.delete = delete_fails_for_a_v1  # type: ignore[method-assign]
+    record = await rig.deploy(spec("a", 768))
+    assert record.state == pb.DEPLOY_STATE_FAILED and "controller unavailable" in record.error
+    assert rig.route("a") == version_of(spec("a", 768))
+    assert sorted((s.name, s.max_model_len) for s in rig.commits[-1]) == [("a", 768), ("b", 512)]
+
+
+async def test_a_cancel_while_the_set_is_committed_is_too_late_the_deploy_succeeds(rig):
+    writing, write = asyncio.Event(), asyncio.Event()
+    commit = rig.deployer._commit
+
+    async def slow_commit(models, deploy_id) -> None:  # e.g. the state service's Redis failing over
+        writing.set()
+        await write.wait()
+        await commit(models, deploy_id)
+
+    rig.deployer._commit = slow_commit
+    record = rig.start(spec("a"))
+    await asyncio.wait_for(writing.wait(), 5)
+    cancel = asyncio.create_task(rig.deployer.cancel(record.deploy_id))
+    await asyncio.sleep(0)
+    write.set()
+    assert await asyncio.wait_for(cancel, 5) is record
+    assert record.state == pb.DEPLOY_STATE_SUCCEEDED and messages(record)[-1] == "done"
+    assert [s.name for s in rig.commits[-1]] == ["a"] and rig.route("a") == version_of(spec("a"))
+
+
+async def test_a_cancel_that_cannot_go_back_says_so_and_commits_what_serves():
+    async with DeployRig(load_timeout_s=0.3) as rig:
+        v1, v2 = spec("a", model="builtin:one"), spec("a", 768, model="builtin:two")
+        await rig.deploy(v1)
+        rig.serve.hold("b")  # the deploy goes on loading b after a switched
+        record = rig.start(v2, spec("b"))
+        await until(lambda: rig.serve.app_of("a") == [app_name(v2)], "a switched to v2, v1 deleted")
+        rig.serve.fail("builtin:one", "out of memory")  # v1 cannot come back now
+        await rig.deployer.cancel(record.deploy_id)
+        assert record.state == pb.DEPLOY_STATE_CANCELLED
+        assert record.error.startswith("cancelled; going back failed for a")
+        assert rig.route("a") == version_of(v2) and [s.model for s in rig.commits[-1]] == ["builtin:two"]
+
+
+async def test_a_failed_rescale_keeps_its_count_and_the_other_models_still_deploy():
+    async with DeployRig(load_timeout_s=0.3) as rig:
+        await rig.deploy(spec("a"))
+        rig.serve.hold("a")  # a's second replica never comes up
+        record = await rig.deploy(spec("a", replicas=2), spec("b"))
+        assert record.state == pb.DEPLOY_STATE_FAILED
+        assert phases(record) == {"a": Phase.MODEL_PHASE_FAILED, "b": Phase.MODEL_PHASE_READY}
+        assert rig.route("b") == version_of(spec("b"))
+        assert sorted((s.name, s.num_replicas) for s in rig.commits[-1]) == [("a", 1), ("b", 1)]
+
+
+async def test_a_failed_autoscaling_change_goes_back_in_serve_too():
+    async with DeployRig(load_timeout_s=0.3) as rig:
+        await rig.deploy(spec("a", autoscaled=True))
+        wider = spec("a", autoscaled=True)
+        wider.autoscaling.min_replicas = 2
+        rig.serve.hold("a")
+        record = await rig.deploy(wider)
+        assert record.state == pb.DEPLOY_STATE_FAILED
+        assert rig.deployer.running_models()[0].spec.autoscaling.min_replicas == 1
+        assert rig.serve.apps[app_name(wider)].spec.autoscaling.min_replicas == 1
+
+
+async def test_use_committed_with_no_stored_set_keeps_what_runs_and_commits_it(rig):
+    await rig.deploy(spec("a"), spec("b"))
+    rig.commits.clear()  # the state service lost the committed set (memory://, restarted)
+    record = await rig.deploy(reconcile=True, use_committed=True)
+    assert record.state == pb.DEPLOY_STATE_SUCCEEDED
+    assert messages(record)[1].startswith("no committed set is stored")
+    assert sorted(rig.serve.apps) == sorted(app_name(spec(n)) for n in "ab")
+    assert [s.name for s in rig.commits[-1]] == ["a", "b"]

@@ -75,3 +75,18 @@ async def test_only_the_unhostable_model_waits_the_others_serve(rig):
     assert record.state == pb.DEPLOY_STATE_SUCCEEDED
     assert phases(record) == {"a": Phase.MODEL_PHASE_READY, "b": Phase.MODEL_PHASE_PENDING}
     assert "mship_llama_cpp" in record.models["b"].reason
+
+
+async def test_a_model_asking_for_more_cpus_or_gpus_than_any_node_has_is_pending_naming_them(rig):
+    rig.serve.node_list = [HEAD_ONLY, VLLM_NODE]  # 8 CPUs, no GPU
+    gpu, big = spec("gpu"), spec("big")
+    gpu.num_gpus, big.num_cpus = 1, 64
+    record = await rig.deploy(gpu, big, spec("small"))
+    assert record.state == pb.DEPLOY_STATE_SUCCEEDED
+    assert phases(record) == {"gpu": Phase.MODEL_PHASE_PENDING, "big": Phase.MODEL_PHASE_PENDING,
+                              "small": Phase.MODEL_PHASE_READY}
+    assert "1 GPUs" in record.models["gpu"].reason and "64 CPUs" in record.models["big"].reason
+    await rig.serve.join(dataclasses.replace(VLLM_NODE, node_id="node-3", resources={
+        "CPU": 64.0, "GPU": 1.0, "mship_vllm": 1000.0}))
+    await until(lambda: rig.registry.live("gpu", version_of(gpu)) and rig.registry.live("big", version_of(big)),
+                "both start on the node that has them")

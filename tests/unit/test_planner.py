@@ -15,7 +15,8 @@ def running(*specs: common_pb2.ModelSpec) -> dict[str, RunningModel]:
     return {s.name: RunningModel(s, version_of(s), app_name(s)) for s in specs}
 
 
-def request(*specs: common_pb2.ModelSpec, reconcile: bool = False, drain_timeout_s: float = 0) -> pb.DeployRequest:
+def request(*specs: common_pb2.ModelSpec, reconcile: bool = False,
+            drain_timeout_s: float | None = None) -> pb.DeployRequest:
     mode = pb.DEPLOY_MODE_RECONCILE if reconcile else pb.DEPLOY_MODE_ADDITIVE
     return pb.DeployRequest(models=specs, mode=mode, drain_timeout_s=drain_timeout_s)
 
@@ -39,6 +40,12 @@ def test_additive_keeps_what_the_request_omits_reconcile_removes_it():
     assert plan_deploy(now, request(spec("a")), {}).remove == []
     assert plan_deploy(now, request(spec("a"), reconcile=True, drain_timeout_s=5), {}).remove == ["b", "c"]
     assert plan_deploy(now, request(reconcile=True, drain_timeout_s=5), {}).drain_timeout_s == 5
+
+
+def test_a_drain_timeout_of_zero_is_no_drain_an_unset_one_the_default():
+    now = running(spec("a"))
+    assert plan_deploy(now, request(spec("a", 768), drain_timeout_s=0), {}).drain_timeout_s == 0
+    assert plan_deploy(now, request(spec("a", 768)), {}).drain_timeout_s == DEFAULT_DRAIN_TIMEOUT_S
 
 
 def test_a_drifted_fixed_count_is_restored_an_autoscaled_one_floats():
