@@ -88,6 +88,26 @@ async def test_speech_pcm_and_sse(audio, client: httpx.AsyncClient):
     assert [e["type"] for e in events] == ["speech.audio.delta"] * 2 + ["speech.audio.done"]
 
 
+async def test_speech_sse_that_breaks_mid_stream_ends_with_an_error_event(audio, client: httpx.AsyncClient):
+    engine: AudioDouble = audio[TTS].engine
+    unit = engine._unit
+
+    def second_sentence_fails() -> None:
+        unit()
+        if engine.units == 2:
+            raise RuntimeError("the voice broke at 0xdeadbeef")
+    engine._unit = second_sentence_fails  # type: ignore[method-assign]
+    async with client.stream("POST", "/v1/audio/speech", json={"model": TTS, "voice": "x", "input": "A. B. C.",
+                                                               "stream_format": "sse"}) as r:
+        lines = [line async for line in r.aiter_lines()]  # the stream ends cleanly (no protocol error)
+    assert r.status_code == 200
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["speech.audio.delta", "error"]  # as transcriptions do
+    assert events[-1]["error"] == {"message": events[-1]["error"]["message"], "type": "server_error", "param": None,
+                                   "code": None}
+    assert "0xdeadbeef" not in events[-1]["error"]["message"]
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"voice": "alloy", "input": "hi", "speed": 9}, "speed"),
     ({"voice": "alloy", "input": "hi", "response_format": "ogg"}, "response_format"),

@@ -195,6 +195,20 @@ def test_unencodable_text_is_400_not_500():
     assert req.messages[0].content == "\U0001f600"
 
 
+def test_a_body_is_strict_utf8():
+    """JSON is UTF-8: UTF-16/32 (which `json.loads` would sniff, hiding a `\\ud800` from the surrogate
+    check) and UTF-8-encoded surrogates are invalid_json; a UTF-8 byte order mark is skipped."""
+    text = '{"model": "m", "messages": [{"role": "user", "content": "h\u00e9 \\ud800"}]}'
+    for body in (text.encode("utf-16"), text.encode("utf-16-le"), text.encode("utf-32"),
+                 text.replace(" \\ud800", "").encode("utf-16"),
+                 b'{"model": "m", "messages": [{"role": "user", "content": "\xed\xa0\x80"}]}'):
+        with pytest.raises(OpenAIError) as e:
+            parse_chat_request(body)
+        assert (e.value.status, e.value.code, e.value.param) == (400, "invalid_json", None), body
+    req = parse_chat_request(b"\xef\xbb\xbf" + text.replace(" \\ud800", "").encode())
+    assert req.messages[0].content == "h\u00e9"
+
+
 # ---- conversion ------------------------------------------------------------------------------------
 
 def test_minimal_chat_request():

@@ -57,6 +57,21 @@ async def test_request_validation_errors(workers, client):
     assert served_by(*workers) == [0, 0]  # none of these reached a worker
 
 
+async def test_a_body_that_is_not_utf8_is_invalid_json(workers, client):
+    """UTF-16 hid a lone `\\ud800` from the surrogate check: a 500, or a stream cut after its 200."""
+    for stream in (False, True):
+        text = json.dumps({**CHAT, "stream": stream, "messages": [{"role": "user", "content": "hi \ud800"}]})
+        assert "\\ud800" in text
+        for body in (text.encode("utf-16"), json.dumps(CHAT).encode("utf-32")):
+            r = await client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+            err = error_of(r, 400)
+            assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "invalid_json", None)
+    assert served_by(*workers) == [0, 0]
+    r = await client.post("/v1/chat/completions", content=b"\xef\xbb\xbf" + json.dumps(CHAT).encode(),
+                          headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text  # a UTF-8 byte order mark is fine
+
+
 async def test_body_limit(workers, client):
     padded = {**CHAT, "user": "x" * (MAX_BODY - len(json.dumps(CHAT)) - 20)}
     assert len(json.dumps(padded)) < MAX_BODY

@@ -95,6 +95,31 @@ def test_context_too_long_on_completions_names_prompt():
                                                   "maximum context length is 64 tokens")
 
 
+@pytest.mark.parametrize(("worker", "message", "param", "said"), [
+    ("messages", "messages must not be empty", "input", "input must not be empty"),
+    ("messages[2].content[0]", "image input", "input", "image input"),
+    ("prompt", "the prompt is empty", "input", "the prompt is empty"),
+    ("max_tokens", "max_tokens must be at least 1, got 0", "max_output_tokens",
+     "max_output_tokens must be at least 1, got 0"),
+    ("response_format.json_schema.schema", "schema must be a JSON object", "text.format.schema",
+     "schema must be a JSON object"),
+    ("tools[0].function.parameters", "not valid JSON", "tools", "not valid JSON"),
+    ("temperature", "temperature must be in [0, 2]", "temperature", "temperature must be in [0, 2]"),
+    # Embeddings and speech pass input_param="input" too: their own fields are none of the above.
+    ("response_format", "'flac' audio cannot be encoded", "response_format", "'flac' audio cannot be encoded"),
+    ("voice", "unknown voice", "voice", "unknown voice"),
+    ("dimensions", "dimensions must be >= 1", "dimensions", "dimensions must be >= 1"),
+])
+def test_worker_field_names_read_as_responses_names(worker, message, param, said):
+    """`input_param="input"`: the worker's chat field names (and a message that starts with one) as
+    the Responses API names the field."""
+    refusal = details(C.INVALID_ARGUMENT, "INVALID_PARAMETER", message, violations=[(worker, message)])
+    err = from_grpc(refusal, "m", input_param="input")
+    assert (err.status, err.param, err.message, err.code) == (400, param, said, "invalid_value")
+    chat = from_grpc(refusal, "m", input_param="messages")  # chat keeps the worker's names
+    assert (chat.param, chat.message) == (worker, message)
+
+
 class FakeRpcError(grpc.RpcError):
     """What a failed grpc.aio call raises: code, details and the status-details trailer."""
 

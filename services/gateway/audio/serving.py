@@ -118,8 +118,9 @@ class SpeechServing:
             async for event in stream:
                 if event.WhichOneof("event") == "audio":
                     yield sse_event(audio_delta(event.audio))
-        except UpstreamError as e:
+        except UpstreamError as e:  # the events have begun: an `error` event ends them, as transcriptions do
             log.warning("speech stream broke: %s", e.details.message)
+            yield sse_event({"type": "error", "error": stream_failure(e, req.model, "input").body()["error"]})
             return
         finally:
             stream.close()

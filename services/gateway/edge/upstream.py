@@ -4,6 +4,7 @@ errors. Only `services.gateway.generation` calls it: every endpoint opens its ge
 from __future__ import annotations
 
 import logging
+import re
 
 import grpc
 
@@ -33,9 +34,12 @@ _TYPE_4XX = {401: "authentication_error", 403: "permission_error", 409: "conflic
 
 def from_grpc(details: ErrorDetails, model: str | None, *, input_param: str = "messages") -> OpenAIError:
     """The HTTP error for a failed worker/coordinator call. `input_param` names the prompt field of the
-    endpoint (`messages` for chat, `prompt` for completions, `input` for responses) for CONTEXT_TOO_LONG."""
+    endpoint (`messages` for chat, `prompt` for completions, `input` for responses) for CONTEXT_TOO_LONG;
+    with `input`, the worker's chat field names in `param` read as the Responses API's (`_responses_param`)."""
     code, reason, message = details.code, details.reason, details.message or "request failed"
     param = details.field_violations[0][0] if details.field_violations else None
+    if param is not None and input_param == "input":
+        param, message = _responses_param(param, message)
     if reason == "MODEL_NOT_FOUND" or (code == grpc.StatusCode.NOT_FOUND and reason in ("", "MODEL_NOT_FOUND")):
         return model_not_found(model or details.metadata.get("model"))
     if reason == "CONTEXT_TOO_LONG":
@@ -63,6 +67,31 @@ def from_grpc(details: ErrorDetails, model: str | None, *, input_param: str = "m
     # INTERNAL, UNKNOWN, DATA_LOSS, UNIMPLEMENTED...: the worker's text may hold internals; keep it in logs.
     log.warning("upstream error %s %s: %s", code.name, reason, message)
     return OpenAIError(501 if status == 501 else 500, INTERNAL_MESSAGE, type=SERVER_ERROR)
+
+
+# The worker names the fields of its InferRequest, the chat ones; a Responses request names them
+# otherwise. `input_param="input"` is Responses, embeddings or speech: only Responses makes Infer
+# calls, and no Embed or Synthesize field (input, dimensions, voice, speed, a bare response_format)
+# is named below, so theirs pass as they are.
+_RESPONSES_NAMES = {"messages": "input", "prompt": "input", "max_tokens": "max_output_tokens",
+                    "response_format.json_schema.schema": "text.format.schema"}
+_RESPONSES_PARTS = {  # a part of the field (`messages[1].content[0]`): the Responses field it came from
+    "messages": "input",  # the input items are not the messages one to one (instructions, tool outputs)
+    "response_format": "text.format",
+    "tools": "tools",  # the function tools only, renumbered
+}
+_ROOT = re.compile(r"([a-z_]+)[.\[]")
+
+
+def _responses_param(param: str, message: str) -> tuple[str, str]:
+    """A worker's field name as the Responses API names it, and the message, which may start with it."""
+    name = _RESPONSES_NAMES.get(param)
+    if name is None:
+        root = _ROOT.match(param)
+        name = _RESPONSES_PARTS.get(root.group(1), param) if root is not None else param
+    if name != param and message.startswith(param + " "):
+        message = name + message[len(param):]
+    return name, message
 
 
 def _reason_code(reason: str) -> str | None:

@@ -7,6 +7,7 @@ pydantic error (ours, or FastAPI's, which has the same `errors()`) into that 400
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -138,10 +139,14 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def decode_json(raw: bytes | str) -> Any:
     """A JSON body decoded; OpenAIError 400 for broken JSON and for strings that are not Unicode
-    (lone surrogates; the walk runs only when the raw text holds a surrogate escape at all)."""
+    (lone surrogates; the walk runs only when the raw text holds a surrogate escape at all).
+
+    A body is UTF-8 (RFC 8259 8.1; a leading byte order mark is skipped), decoded strictly: `json.loads`
+    would also take UTF-16 and UTF-32 (whose escapes the surrogate scan cannot see) and UTF-8-encoded
+    surrogates."""
     try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError) as e:
+        value = json.loads(raw.removeprefix(codecs.BOM_UTF8).decode() if isinstance(raw, bytes) else raw)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise invalid_json() from e
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if _SURROGATE_ESCAPE.search(data) and _holds_surrogate(value):
