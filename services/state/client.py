@@ -15,6 +15,7 @@ How the gateway drives a background run (see state.proto):
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 
 import grpc
@@ -28,6 +29,8 @@ from services.common.logs import outgoing_metadata
 
 ACTIVE = (pb.RUN_STATUS_QUEUED, pb.RUN_STATUS_IN_PROGRESS)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# How long a call that found the service (or its store) unavailable makes `known_down` say so.
+DOWN_FOR_S = 1.0
 
 
 class StateError(Exception):
@@ -38,8 +41,11 @@ class StateError(Exception):
     @staticmethod
     def of(err: grpc.aio.AioRpcError) -> StateError:
         details = ErrorDetails.from_rpc_error(err)
+        # A deadline is an outage too: the service bounds its own store calls well within it, so
+        # a call that ran out of time found the service (or its host) hung.
         cls = {grpc.StatusCode.NOT_FOUND: NotFound, grpc.StatusCode.ABORTED: Conflict,
                grpc.StatusCode.ALREADY_EXISTS: AlreadyExists, grpc.StatusCode.UNAVAILABLE: Unavailable,
+               grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
                }.get(details.code, StateError)
         return cls(details)
 
@@ -53,7 +59,8 @@ class AlreadyExists(StateError):
 
 
 class Unavailable(StateError):
-    """The state store (or service) cannot be reached: answer 503 before any engine work."""
+    """The state store (or service) cannot be reached, or did not answer within the deadline:
+    answer 503 before any engine work."""
 
 
 class Conflict(StateError):
@@ -89,6 +96,28 @@ class StateClient:
         self.stub = state_pb2_grpc.StateStub(self._channel)
         self.gateway = gateway
         self.timeout_s = timeout_s
+        self._down_at = -DOWN_FOR_S  # monotonic time of the last call that found it unavailable
+
+    def known_down(self) -> bool:
+        """What this client already knows, at no cost (no call): the last call, under DOWN_FOR_S ago,
+        found the service or its store unavailable, or the channel cannot connect (TRANSIENT_FAILURE:
+        it keeps reconnecting, every second at most, and leaves that state once the service is back).
+        False when it does not know (an idle channel, a call that succeeded since)."""
+        if time.monotonic() - self._down_at < DOWN_FOR_S:
+            return True
+        # try_to_connect: an idle channel (e.g. the service went away) starts finding out now
+        return self._channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+
+    def _answered(self) -> None:
+        self._down_at = -DOWN_FOR_S
+
+    def _failed(self, err: grpc.aio.AioRpcError) -> StateError:
+        error = StateError.of(err)
+        if isinstance(error, Unavailable):
+            self._down_at = time.monotonic()
+        elif error.details.code != grpc.StatusCode.CANCELLED:  # cancelled here: it says nothing
+            self._answered()
+        return error
 
     async def put_model_set(self, models: list[common_pb2.ModelSpec], deploy_id: str) -> None:
         await self.stub.PutModelSet(pb.PutModelSetRequest(model_set=pb.ModelSet(
@@ -106,9 +135,11 @@ class StateClient:
 
     async def _unary(self, method, request):
         try:
-            return await method(request, timeout=self.timeout_s, metadata=outgoing_metadata() or None)
+            reply = await method(request, timeout=self.timeout_s, metadata=outgoing_metadata() or None)
         except grpc.aio.AioRpcError as e:
-            raise StateError.of(e) from e
+            raise self._failed(e) from e
+        self._answered()
+        return reply
 
     # ---- stored responses ----
     async def put_response(self, response: pb.StoredResponse, create_only: bool = False) -> None:
@@ -185,8 +216,9 @@ class StateClient:
                                                          follow=follow))
         try:
             async for event in call:
+                self._answered()
                 yield event
         except grpc.aio.AioRpcError as e:
-            raise StateError.of(e) from e
+            raise self._failed(e) from e
         finally:
             call.cancel()

@@ -7,14 +7,21 @@ Keys (identity and id percent-encoded, see `key_path`):
   mship:runs:leases                sorted set of unfinished leased runs by lease end (the sweep)
   mship:<key>                      plain blobs (model sets)
 
+A response's keys (snapshot, run, events) expire `retention_s` after the last write to any of them:
+every write sets the expiry of all three (in its transaction).
+
 Multi-key writes are optimistic transactions: WATCH the run, read it, apply the rule (runs.py),
 then MULTI/EXEC every write; a concurrent change retries. Nothing is written before EXEC, and
 Redis applies an EXEC whole or not at all, so a crash or an outage never leaves half a write.
-Followers block in XREAD on the stream. Every Redis error is StoreUnavailable.
+Followers block in XREAD on the stream. Every Redis error is StoreUnavailable, and so is a call
+that Redis has not answered within `call_timeout_s` (a hung or black-holed Redis): each store call,
+its retries and a whole transaction included, ends well within the state client's gRPC deadline,
+so the gateway answers a prompt 503, not a DEADLINE_EXCEEDED.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -41,6 +48,10 @@ T = TypeVar("T")
 NS = "mship:"
 LEASES = NS + "runs:leases"
 MAX_TRANSACTION_TRIES = 50
+# A store call's whole time (retries, a transaction's every attempt): well under the state
+# client's 10 s deadline (services/state/client.py), so a hung Redis is UNAVAILABLE, not a deadline.
+CALL_TIMEOUT_S = 4.0
+SOCKET_TIMEOUT_S = 2.0  # one read or write: a retry still fits in CALL_TIMEOUT_S
 
 
 def _keys(identity: str, response_id: str) -> tuple[str, str, str]:
@@ -56,21 +67,28 @@ def _event(entry_id: bytes, fields: dict[bytes, bytes]) -> pb.RunEvent:
 class RedisStore(Store):
     backend = "redis"
 
-    def __init__(self, url: str, **kwargs: Any) -> None:
+    def __init__(self, url: str, call_timeout_s: float = CALL_TIMEOUT_S, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         parsed = urlparse(url)
+        self.call_timeout_s = call_timeout_s
+        self._socket_timeout = socket_timeout = min(SOCKET_TIMEOUT_S, call_timeout_s)
         # Few, short retries: an outage should be a prompt 503 (with RetryInfo), not a stall.
         self._client = aioredis.Redis(host=parsed.hostname or "127.0.0.1", port=parsed.port or 6379,
                                       db=int((parsed.path or "/0").lstrip("/") or 0),
                                       password=os.environ.get("MSHIP_REDIS_PASSWORD") or None,
-                                      socket_timeout=5, socket_connect_timeout=2,
+                                      socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout,
                                       retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), retries=3))
 
-    async def _call(self, op: Awaitable[T]) -> T:
+    async def _call(self, op: Awaitable[T], blocks_s: float = 0.0) -> T:
+        """`op` within call_timeout_s (+ `blocks_s`, the time a blocking read may wait by design).
+        A cancelled read drops its connection (redis-py), so nothing stale is read after it."""
         try:
-            return await op
+            async with asyncio.timeout(self.call_timeout_s + blocks_s):
+                return await op
         except redis.RedisError as e:
             raise StoreUnavailable(f"{type(e).__name__}: {e}") from e
+        except TimeoutError:
+            raise StoreUnavailable(f"Redis did not answer within {self.call_timeout_s + blocks_s:g} s") from None
 
     async def _transact(self, watch: list[str], body: Callable[[Pipeline], Awaitable[T]]) -> T:
         """Run `body` (reads in immediate mode, then `pipe.multi()` and queued writes) under WATCH,
@@ -103,18 +121,31 @@ class RedisStore(Store):
         await self._client.aclose()
 
     # ---- responses ----
+    @property
+    def _ttl_ms(self) -> int | None:
+        """The expiry every write gives a response's keys (None: they are kept until deleted)."""
+        return max(1, int(self.retention_s * 1000)) if self.retention_s else None
+
+    def _expire_all(self, pipe: Pipeline, keys: tuple[str, ...]) -> None:
+        if self._ttl_ms is not None:
+            for key in keys:
+                pipe.pexpire(key, self._ttl_ms)
+
     async def put_response(self, response: pb.StoredResponse, create_only: bool = False) -> None:
         snap_key, _, _ = _keys(response.key.identity, response.key.response_id)
-        done = await self._call(self._client.set(snap_key, snapshot_bytes(response, self.clock()), nx=create_only))
+        done = await self._call(self._client.set(snap_key, snapshot_bytes(response, self.clock()), nx=create_only,
+                                                 px=self._ttl_ms))
         if not done:
             raise runs.already_exists(response.key.response_id)
 
     async def delete_response(self, identity: str, response_id: str) -> bool:
-        async with self._client.pipeline(transaction=True) as pipe:
-            pipe.delete(*_keys(identity, response_id))
-            pipe.zrem(LEASES, key_path(identity, response_id))
-            deleted, _ = await self._call(pipe.execute())
-        return deleted > 0
+        async def delete() -> int:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.delete(*_keys(identity, response_id))
+                pipe.zrem(LEASES, key_path(identity, response_id))
+                deleted, _ = await pipe.execute()
+            return deleted
+        return await self._call(delete()) > 0
 
     async def _load(self, identity: str, response_id: str) -> tuple[pb.StoredResponse | None, pb.StoredRun | None]:
         snap_key, run_key, _ = _keys(identity, response_id)
@@ -141,8 +172,8 @@ class RedisStore(Store):
             if await pipe.exists(snap_key, run_key):
                 raise runs.already_exists(response_id)
             pipe.multi()
-            pipe.set(snap_key, response)
-            pipe.set(run_key, run.SerializeToString())
+            pipe.set(snap_key, response, px=self._ttl_ms)
+            pipe.set(run_key, run.SerializeToString(), px=self._ttl_ms)
             pipe.delete(events_key)
             self._index(pipe, identity, response_id, run.record)
         await self._transact([snap_key, run_key], body)
@@ -164,7 +195,8 @@ class RedisStore(Store):
             for event in write.events:
                 pipe.xadd(events_key, {"j": event.event_json, "t": "1" if event.terminal else "0"},
                           id=f"{event.sequence}-0")
-            pipe.set(run_key, write.run.SerializeToString())
+            pipe.set(run_key, write.run.SerializeToString(), px=self._ttl_ms)
+            self._expire_all(pipe, (snap_key, events_key))
             self._index(pipe, identity, response_id, write.run.record)
             return write.run.record
         return await self._transact([run_key], body)
@@ -181,6 +213,8 @@ class RedisStore(Store):
 
     async def _wait_events(self, identity: str, response_id: str, after: int, timeout_s: float) -> list[pb.RunEvent]:
         events_key = _keys(identity, response_id)[2]
+        # Blocks less than a socket read may take (an empty answer only makes the caller re-check).
+        block_s = min(timeout_s, self._socket_timeout / 2)
         reply = await self._call(self._client.xread({events_key: f"{after}-0"}, count=256,
-                                                    block=max(1, int(timeout_s * 1000))))
+                                                    block=max(1, int(block_s * 1000))), blocks_s=block_s)
         return [_event(entry_id, fields) for _, entries in reply or [] for entry_id, fields in entries]

@@ -25,6 +25,9 @@ from services.common.errors import Reason, ServiceError
 from services.state import runs
 
 EVENT_BATCH = 256  # events per backend read while replaying
+# How long a stored response (its snapshot, run and event log) is kept after its last write, as
+# OpenAI keeps responses: 30 days. 0 keeps them until deleted. Operators set it: MSHIP_STATE_RETENTION_S.
+DEFAULT_RETENTION_S = 30 * 24 * 3600.0
 
 
 class StoreUnavailable(ServiceError):
@@ -69,8 +72,13 @@ def snapshot_bytes(response: pb.StoredResponse, now: float, created_at: float = 
 class Store(abc.ABC):
     backend = ""  # its name in metrics: memory | redis
 
-    def __init__(self, clock: Callable[[], float] = time.time, follow_poll_s: float = 1.0) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, follow_poll_s: float = 1.0,
+                 retention_s: float = DEFAULT_RETENTION_S) -> None:
+        if retention_s < 0:
+            raise ValueError(f"the retention of stored responses must not be negative, not {retention_s}")
         self.clock = clock
+        # A response, its run and its event log go retention_s after the last write to any of them.
+        self.retention_s = retention_s
         # How often a follower with nothing new re-checks its run (finished without a terminal
         # event, deleted, lease expired).
         self.follow_poll_s = follow_poll_s

@@ -202,3 +202,19 @@ def test_tool_choice_required_counts_an_mcp_servers_tools():
     assert parse_response_request({**body(), "tools": [mcp], "tool_choice": "required"}).tool_choice == "required"
     err = refused(parse_response_request, {**body(), "tools": [], "tool_choice": "required"})
     assert err.param == "tool_choice" and "only allowed when 'tools'" in err.message
+
+
+@pytest.mark.parametrize(("ids", "param", "words"), [
+    (["msg_1", "msg_1"], "input[1].id", "Duplicate item found with id msg_1"),
+    ([None, "fc_1", "msg_2", "fc_1"], "input[3].id", "Duplicate item found with id fc_1"),
+    (["msg_1", ""], "input[1].id", "empty string"),
+])
+def test_input_item_ids_are_distinct_and_not_empty(ids, param, words):
+    """Stored input items are paged by id: the store refused these only after the generation ran."""
+    items = [{"type": "message", "role": "user", "content": "x"},
+             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]
+    given = [{**items[i % 2], **({"id": item_id} if item_id is not None else {})} for i, item_id in enumerate(ids)]
+    err = refused(parse_response_request, {**body(), "input": given})
+    assert err.param == param and words in err.message, (err.param, err.message)
+    assert refused(parse_compact_request, {"model": "m", "input": given}).param == param
+    assert len(request(input=[{**items[0], "id": "a"}, {**items[0], "id": "b"}, items[0], items[0]]).input_items) == 4

@@ -172,7 +172,24 @@ class _Inputs(WireModel):
     def _check_input(self) -> _Inputs:
         if self.input is None and self.previous_response_id is None:
             raise validation.missing("input")
+        self._check_item_ids()
         return self
+
+    def _check_item_ids(self) -> None:
+        """Input item ids, where given, are non-empty and distinct: a stored response's input items
+        are listed (and paged) by id, so the store refuses anything else; refused here, before any work."""
+        seen: set[str] = set()
+        for index, item in enumerate(self.input_items):
+            item_id = getattr(item, "id", None)
+            if item_id is None:
+                continue  # given one when stored
+            if not item_id:
+                raise invalid(("input", index, "id"), f"Invalid 'input[{index}].id': empty string. Expected a string "
+                              "with minimum length 1, but got an empty string instead.", item_id)
+            if item_id in seen:
+                raise invalid(("input", index, "id"), f"Duplicate item found with id {item_id}. Remove the duplicate "
+                              "item and try again.", item_id)
+            seen.add(item_id)
 
 
 class ResponseRequest(_Inputs):

@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from services.gateway.edge.answer import add_post, answer, watched
 from services.gateway.identity import caller_of
 from services.gateway.protocol_common.openai_error import SERVER_ERROR, OpenAIError
+from services.gateway.protocol_common.validation import INT64_MAX
 from services.gateway.responses.serving import ResponsesServing
 from services.gateway.responses.websocket import ResponsesSocket
 
@@ -26,14 +27,23 @@ def _serving(request: Request) -> ResponsesServing:
     return serving
 
 
-def _int_param(http: Request, name: str, default: int) -> int:
+def _int_param(http: Request, name: str, default: int, low: int | None = None, high: int | None = None) -> int:
+    """An integer query parameter within [low, high] (else a 400 naming it: checked before any
+    response headers go out, so a stream never starts on a value a lower layer cannot take)."""
     value = http.query_params.get(name)
     if value is None:
         return default
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise OpenAIError(400, f"'{name}' must be an integer.", param=name) from None
+    if low is not None and number < low:
+        raise OpenAIError(400, f"Invalid '{name}': integer below minimum value. Expected a value >= {low}, but got "
+                          f"{number} instead.", param=name)
+    if high is not None and number > high:
+        raise OpenAIError(400, f"Invalid '{name}': integer above maximum value. Expected a value <= {high}, but got "
+                          f"{number} instead.", param=name)
+    return number
 
 
 def responses_router() -> APIRouter:
@@ -51,7 +61,8 @@ def responses_router() -> APIRouter:
     @router.get("/v1/responses/{response_id}")
     async def get_response(request: Request, response_id: str) -> Response:
         stream = request.query_params.get("stream") in ("true", "1")
-        after = _int_param(request, "starting_after", -1) if stream else -1
+        # sequence numbers start at 0; -1 (none given): from the first event
+        after = _int_param(request, "starting_after", -1, low=0, high=INT64_MAX) if stream else -1
         return answer(await _serving(request).retrieve(caller_of(request).identity, response_id, stream=stream,
                                                         after=after))
 

@@ -22,11 +22,17 @@ from services.gateway.protocol_common.images import check_image_input
 from services.gateway.protocol_common.openai_error import OpenAIError, internal_error
 from services.gateway.responses.background import BackgroundRuns, replayed
 from services.gateway.responses.compaction import SUMMARY_MAX_TOKENS, SUMMARY_PROMPT, CompactionCodec
-from services.gateway.responses.conversation import item_dict, load_history, store_error
+from services.gateway.responses.conversation import (
+    check_snapshot_size,
+    item_dict,
+    load_history,
+    store_error,
+    store_unavailable,
+)
 from services.gateway.responses.mcp_loop import check_approvals, opener, run_mcp_turn
 from services.gateway.responses.protocol import ResponseRequest, parse_compact_request, parse_response_request
 from services.gateway.responses.protocol import to_infer_request as infer_request
-from services.gateway.responses.protocol_events import ResponseStreamEncoder
+from services.gateway.responses.protocol_events import ResponseStreamEncoder, error_event
 from services.gateway.responses.protocol_items import check_call_ids, to_messages
 from services.gateway.responses.protocol_mcp_events import McpStreamEncoder
 from services.gateway.responses.turns import EventBatches, Events, Finish, Turn, run_turn
@@ -55,18 +61,23 @@ class ResponsesServing:
         """`size`: the request's bytes (its prompt estimate for admission)."""
         check_routed(self.table, req.model)
         check_image_input(req.model, self.table.routes[req.model].accepts_images, req.image_parts())
+        if req.should_store and self.state.known_down():  # known without asking: no round trip
+            raise store_unavailable()
         identity = caller.identity
         if history is None:
             history = await load_history(self.state, identity, req.previous_response_id)
         check_call_ids(history, req.input_items)
         inputs = self.codec.expand(req.input_items)
+        stored_inputs = [item_dict(i) for i in inputs]
+        if req.should_store:
+            check_snapshot_size(history, stored_inputs, size)
         messages = to_messages(req.instructions, history, inputs)
         servers = req.mcp_servers
-        check_approvals(history, [item_dict(i) for i in inputs], servers)
+        check_approvals(history, stored_inputs, servers)
         encoder = (McpStreamEncoder if servers else ResponseStreamEncoder).for_request(req)
         infer = infer_request(req, messages, request_id=encoder.id, cache_salt=cache_salt_for(identity))
         ticket = await self.admission.admit_generation(caller, req.model, size, infer)
-        return Turn(req, identity, history, [item_dict(i) for i in inputs], encoder, infer, ticket)
+        return Turn(req, identity, history, stored_inputs, encoder, infer, ticket)
 
     async def open(self, turn: Turn) -> Generation:
         return await open_generation(self.table, turn.req.model, turn.infer, input_param="input",
@@ -141,12 +152,16 @@ class ResponsesServing:
         return EventBatches(self._replay(identity, response_id, after))
 
     async def _replay(self, identity: str, response_id: str, after: int) -> AsyncIterator[Events]:
+        """Ends with an `error` event if the log cannot be read to its end (the response deleted
+        meanwhile: response_not_found), numbered after the last event sent, as an encoder numbers one."""
         try:
             async for event in self.state.read_events(identity, response_id, after=after + 1, follow=True):
-                yield [replayed(event)]
+                sent = replayed(event)
+                yield [sent]
+                after = sent["sequence_number"]
         except StateError as e:
-            yield [{"type": "error", "sequence_number": after, "code": "store_unavailable",
-                    "message": str(store_error(e))}]
+            err = not_found(response_id) if isinstance(e, NotFound) else store_error(e)
+            yield [error_event(err, after + 1)]
 
     # ---- GET / DELETE / cancel / input items ----------------------------------------------------
     async def _snapshot(self, identity: str, response_id: str) -> spb.StoredResponse:
