@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import grpc
+import psutil
 
 from clients import node_commands, status
 from clients.env_file import load_env_file
@@ -31,6 +32,8 @@ from clients.node_commands import (
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from mship.coordinator.v1 import coordinator_pb2_grpc
+from services.cluster.pidfile import pidfile, read_pidfile, release_pidfile, running_start
+from services.cluster.shutdown import alive
 from services.common.channels import sync_channel
 from services.common.vocabulary import ENV_COORDINATOR, ENV_RAY_AUTH_TOKEN, LOADERS
 
@@ -88,11 +91,20 @@ def follow_deploy(events, out=sys.stdout) -> int:
 
 def deploy(args: argparse.Namespace, stub: coordinator_pb2_grpc.CoordinatorStub,
            models: list[common_pb2.ModelSpec]) -> int:
+    """Send the deploy; with args.wait follow it to its end. There SIGINT/SIGTERM stop following,
+    not the deploy (StopFollowing), unless args.stop_following is False: the caller's handlers decide."""
     mode = pb.DEPLOY_MODE_RECONCILE if args.reconcile else pb.DEPLOY_MODE_ADDITIVE
     request = pb.DeployRequest(models=models, mode=mode, use_committed=args.reconcile and not models,
-                               drain_timeout_s=getattr(args, "drain_timeout", None) or 0.0,
                                supersede=getattr(args, "supersede", False))
+    # Unset: the coordinator's default; 0 is no drain. ConfigError before anything is sent.
+    if (drain := node_commands.drain_seconds(getattr(args, "drain_timeout", None))) is not None:
+        request.drain_timeout_s = drain
     stream = stub.Deploy(request, wait_for_ready=False)
+    if args.wait and not getattr(args, "stop_following", True):
+        try:
+            return follow_deploy(stream)
+        finally:  # ended by the caller's signal (an exception raised inside the wait): the call ends too
+            stream.cancel()
     if args.wait:
         first = None
         with StopFollowing(stream) as stop:
@@ -204,12 +216,20 @@ def _routing_snapshot(stub: coordinator_pb2_grpc.CoordinatorStub) -> pb.RoutingS
 def cmd_start(args: argparse.Namespace) -> int:
     models = _models_from_args(args)  # a bad config fails before anything starts
 
-    def deploy_initial(args: argparse.Namespace) -> int:
+    def deploy_initial(args: argparse.Namespace) -> str | None:
+        """None once the start set is deployed, else why not. Followed under `mship start`'s own
+        signal handlers: SIGINT/SIGTERM stop the platform, not only the following."""
         # --config: exactly that file; --model: add it; neither: the committed set the state holds.
         args.wait, args.reconcile = True, args.config is not None or not models
+        args.stop_following = False
         channel, stub = _stub(args)
         with channel:
-            return deploy(args, stub, models)
+            try:
+                code = deploy(args, stub, models)
+            except grpc.RpcError as e:  # e.g. the coordinator replica restarted (by Serve) mid-load
+                return (f"the coordinator's deploy stream ended: {e.code().name}" +
+                        (f": {e.details()}" if e.details() else "") + "; see `mship status`")
+        return None if code == EXIT_OK else "the lines above say why"
 
     return node_commands.cmd_start(args, deploy_initial, [m.name for m in models])
 
@@ -233,39 +253,44 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     """SIGTERM the running `mship start`, then wait for it, bounded: as long as its own stop may take
     (its --stop-timeout, from the pidfile) and a margin, or --timeout. Never hangs."""
-    pid = node_commands.pidfile(args.coordinator)
+    path = pidfile(args.coordinator)
     try:
-        target, its_timeout = node_commands.read_pidfile(pid)
-        os.kill(target, signal.SIGTERM)  # a second `mship stop` is a second signal: it forces the stop
-    except (OSError, ValueError):
+        record = read_pidfile(path)
+    except (OSError, ValueError) as e:
+        if not isinstance(e, FileNotFoundError) and path.exists():  # empty or garbled: no process to name
+            path.unlink(missing_ok=True)
+            print(f"mship: removed the unreadable pidfile {path} ({e})", file=sys.stderr)
         print(f"mship: no running `mship start` found for the coordinator at {args.coordinator}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    # None: the start that wrote it ended without removing it (SIGKILL, OOM, a host crash), and its
+    # pid may be another process's now, which must not be signalled.
+    target = running_start(record)
+    try:
+        if target is not None:
+            target.send_signal(signal.SIGTERM)  # a second `mship stop` is a second signal: it forces the stop
+    except psutil.Error:  # (psutil checks the pid is still that process's)
+        target = None
+    if target is None:
+        release_pidfile(path, record)
+        print(f"mship: the pidfile {path} is stale (pid {record.pid} is no longer the `mship start` that "
+              f"wrote it); removed it. No running `mship start` found for the coordinator at {args.coordinator}",
+              file=sys.stderr)
+        return EXIT_UNREACHABLE
     wait_s = args.timeout if args.timeout is not None else \
-        (its_timeout or node_commands.DEFAULT_STOP_TIMEOUT_S) + STOP_MARGIN_S
+        (record.stop_timeout_s or node_commands.DEFAULT_STOP_TIMEOUT_S) + STOP_MARGIN_S
     t0 = time.monotonic()
     try:
         while time.monotonic() - t0 < wait_s:
-            if not _running(target):
+            if not (target.is_running() and alive(target)):  # gone, or its pid already another's
                 print(f"mship stopped ({time.monotonic() - t0:.1f}s)")
                 return EXIT_OK
             time.sleep(0.2)  # polling another process's exit: it is not our child to wait on
     except KeyboardInterrupt:
-        print(f"mship: stopped waiting; the platform (pid {target}) goes on stopping", file=sys.stderr)
+        print(f"mship: stopped waiting; the platform (pid {target.pid}) goes on stopping", file=sys.stderr)
         return EXIT_START_FAILED
-    print(f"mship: the platform (pid {target}) is still stopping after {wait_s:g}s; `mship stop` again forces "
+    print(f"mship: the platform (pid {target.pid}) is still stopping after {wait_s:g}s; `mship stop` again forces "
           "it (what has not stopped is killed)", file=sys.stderr)
     return EXIT_START_FAILED
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie: an exited `mship start` stays in the process table until its
-    parent (a supervisor, a test) reaps it, and has stopped all the same."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
@@ -280,17 +305,23 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mship", description="Serve many models behind one OpenAI endpoint.")
-    p.add_argument("--coordinator", default=os.environ.get(ENV_COORDINATOR, DEFAULT_COORDINATOR))
+    # None: not given; main() then reads MSHIP_COORDINATOR, after --env-file has been loaded.
+    p.add_argument("--coordinator", metavar="HOST:PORT")
     # On every subcommand too (`mship deploy --coordinator H:P`); given there, it wins.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--coordinator", default=argparse.SUPPRESS, metavar="HOST:PORT",
                         help=f"the coordinator (default {DEFAULT_COORDINATOR}, or {ENV_COORDINATOR})")
     common.add_argument("--env-file", metavar="FILE", help=f"KEY=VALUE lines to load first (e.g. {ENV_RAY_AUTH_TOKEN})")
+    # `start` serves the coordinator (--coordinator-port), `join` needs none: --coordinator is refused
+    # there (in main), not listed.
+    node = argparse.ArgumentParser(add_help=False)
+    node.add_argument("--coordinator", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    node.add_argument("--env-file", metavar="FILE", help=f"KEY=VALUE lines to load first (e.g. {ENV_RAY_AUTH_TOKEN})")
     sub = p.add_subparsers(dest="command", required=True)
-    start = sub.add_parser("start", parents=[common], help="start the platform (a head) here, in the foreground")
+    start = sub.add_parser("start", parents=[node], help="start the platform (a head) here, in the foreground")
     _model_flags(start)
     node_commands.add_start_flags(start)
-    join = sub.add_parser("join", parents=[common], help="join this machine to a head's cluster, in the foreground")
+    join = sub.add_parser("join", parents=[node], help="join this machine to a head's cluster, in the foreground")
     node_commands.add_join_flags(join)
     dep = sub.add_parser("deploy", parents=[common], help="apply a model set")
     _model_flags(dep)
@@ -316,7 +347,15 @@ def main(argv: list[str] | None = None) -> None:
     handlers = {"start": cmd_start, "join": node_commands.cmd_join, "deploy": cmd_deploy, "models": cmd_models,
                 "status": cmd_status, "stop": cmd_stop}
     try:
+        if args.command in ("start", "join") and args.coordinator is not None:
+            problem, fix = (("`mship start` runs the coordinator; it listens on --host:--coordinator-port",
+                             "pass --coordinator-port PORT (and --host ADDR) instead") if args.command == "start" else
+                            ("`mship join` talks to the head's Ray GCS, not to a coordinator",
+                             "drop it; --gcs-address HOST:PORT names the head"))
+            raise ConfigError("(command line)", "--coordinator", problem, fix)
         load_env_file(args.env_file)
+        if args.coordinator is None:  # the environment, --env-file included, then the default
+            args.coordinator = os.environ.get(ENV_COORDINATOR) or DEFAULT_COORDINATOR
         code = handlers[args.command](args)
     except ConfigError as e:  # raised before anything was started or sent
         print(f"mship: {e}", file=sys.stderr)

@@ -22,6 +22,9 @@ def parse_env_file(path: str) -> dict[str, str]:
         text = Path(path).read_text()
     except OSError as e:
         raise ConfigError(path, "--env-file", f"cannot read it: {e.strerror}", "pass a readable file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, "--env-file", f"not UTF-8 text (byte {e.start}: {e.reason})",
+                          "save it as UTF-8") from None
     out = {}
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -34,6 +37,8 @@ def parse_env_file(path: str) -> dict[str, str]:
         value = m.group(2).strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
             value = value[1:-1]
+        if "\0" in value:  # no environment variable can hold one
+            raise ConfigError(path, f"line {n}", "a NUL character in the value", "remove it")
         out[m.group(1)] = value
     return out
 

@@ -26,7 +26,7 @@ models:
 
 from __future__ import annotations
 
-import re
+import math
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,12 @@ from services.common.vocabulary import (
     LLAMA_RUNTIMES,
     LOADER_USECASES,
     LOADERS,
+    MODEL_NAME,
     REASONING_PARSERS,
     TOOL_PARSERS,
     USECASES,
 )
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 AUTOSCALING_KEYS = {"min_replicas": int, "max_replicas": int, "target_ongoing_requests": float,
                     "upscale_delay_s": float, "downscale_delay_s": float}
 MODEL_KEYS = {"name", "model", "loader", "usecase", "num_cpus", "num_gpus", "num_replicas", "autoscaling_config",
@@ -67,6 +67,9 @@ def load_model_set(path: str | Path) -> list[common_pb2.ModelSpec]:
         text = Path(path).read_text()
     except OSError as e:
         raise ConfigError(source, "(file)", f"cannot read it ({e.strerror})", "pass an existing models.yaml") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(source, "(file)", f"not UTF-8 text (byte {e.start}: {e.reason})", "save it as UTF-8") \
+            from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -95,7 +98,7 @@ def parse_models(models: Any, source: str) -> list[common_pb2.ModelSpec]:
 def parse_model(entry: Any, source: str, where: str) -> common_pb2.ModelSpec:
     if not isinstance(entry, dict):
         raise ConfigError(source, where, "expected a mapping", "write `- name: ...` and `model: ...`")
-    unknown = sorted(set(entry) - MODEL_KEYS)
+    unknown = sorted(set(entry) - MODEL_KEYS, key=str)  # YAML keys may be numbers too
     if unknown:
         raise ConfigError(source, f"{where}.{unknown[0]}", "unknown key",
                           f"remove it; known keys: {', '.join(sorted(MODEL_KEYS))}")
@@ -104,7 +107,7 @@ def parse_model(entry: Any, source: str, where: str) -> common_pb2.ModelSpec:
         value = entry.get(key)
         if not isinstance(value, str) or not value.strip():
             raise ConfigError(source, f"{where}.{key}", "required, a non-empty string", f"set `{key}:`")
-    if not NAME_RE.match(entry["name"]):
+    if not MODEL_NAME.match(entry["name"]):
         raise ConfigError(source, f"{where}.name", f"{entry['name']!r} is not a valid model name",
                           "use letters, digits and . _ : - (at most 64 characters)")
     spec.name, spec.model = entry["name"], entry["model"]
@@ -141,9 +144,7 @@ def parse_model(entry: Any, source: str, where: str) -> common_pb2.ModelSpec:
         if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
             raise ConfigError(source, f"{where}.engine_args", "expected a mapping of engine argument names",
                               "write e.g. `engine_args: {enable_prefix_caching: true}`")
-        struct = struct_pb2.Struct()
-        struct.update(args)
-        spec.engine_args.CopyFrom(struct)
+        spec.engine_args.CopyFrom(_engine_args(args, source, f"{where}.engine_args"))
     return spec
 
 
@@ -167,7 +168,7 @@ def _llama_cpp(entry: dict, spec: common_pb2.ModelSpec, source: str, where: str)
             raise ConfigError(source, f"{where}.{key}", "expected a string", f"set `{key}:` to a string")
         setattr(o, LLAMA_CPP_KEYS[key], value)
     runtime = entry.get("llama_runtime", "")
-    if runtime and runtime not in LLAMA_RUNTIMES:
+    if not isinstance(runtime, str) or (runtime and runtime not in LLAMA_RUNTIMES):
         raise ConfigError(source, f"{where}.llama_runtime", f"unknown llama_runtime {runtime!r}",
                           f"use one of {', '.join(LLAMA_RUNTIMES)}")
     o.runtime = runtime
@@ -209,16 +210,41 @@ def _audio(entry: dict, loader: str, source: str, where: str) -> None:
                           f"use one of {', '.join('builtin:' + n for n in AUDIO_BUILTINS[loader])} or a local path")
 
 
+def _engine_args(args: dict, source: str, where: str) -> struct_pb2.Struct:
+    """engine_args as the JSON-like Struct they travel in; a value it cannot carry (a YAML date, an
+    integer past 2**53) is refused, not turned into something else or a traceback."""
+    def check(value: Any, at: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise ConfigError(source, f"{at}.{k}", "a key that is not a string", f"quote it: '{k}'")
+                check(v, f"{at}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                check(v, f"{at}[{i}]")
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+            raise ConfigError(source, at, f"{value} is past 2**53, which engine_args (JSON numbers) cannot carry "
+                              "exactly", "quote it as a string if the engine takes one, or use a smaller number")
+        elif value is not None and not isinstance(value, str | int | float):
+            raise ConfigError(source, at, f"a {type(value).__name__} value ({value!r}), which engine_args cannot "
+                              "carry", "quote it (e.g. '2024-01-01'), or use a number, true/false, a list or a mapping")
+
+    check(args, where)
+    struct = struct_pb2.Struct()
+    struct.update(args)
+    return struct
+
+
 def _choice(entry: dict, key: str, choices: dict[str, int], default: str, source: str, where: str) -> int:
     value = entry.get(key, default)
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:  # a list or mapping is no choice (and unhashable)
         raise ConfigError(source, f"{where}.{key}", f"unknown {key} {value!r}", f"use one of: {', '.join(choices)}")
     return choices[value]
 
 
 def _choice_str(entry: dict, key: str, choices: tuple[str, ...], source: str, where: str) -> str:
     value = entry.get(key, "")
-    if value != "" and value not in choices:
+    if not isinstance(value, str) or (value != "" and value not in choices):
         raise ConfigError(source, f"{where}.{key}", f"unknown {key} {value!r}", f"use one of: {', '.join(choices)}")
     return value
 
@@ -226,7 +252,7 @@ def _choice_str(entry: dict, key: str, choices: tuple[str, ...], source: str, wh
 def _number(entry: dict, key: str, kind: type, default: Any, source: str, where: str, minimum: float = 0) -> Any:
     value = entry.get(key, default)
     ok = isinstance(value, int | float) and not isinstance(value, bool) and (kind is float or isinstance(value, int))
-    if not ok or value < minimum:
+    if not ok or not minimum <= value < math.inf:  # YAML's .nan and .inf are floats too
         what = "an integer" if kind is int else "a number"
         raise ConfigError(source, f"{where}.{key}", f"expected {what} >= {minimum}, got {value!r}",
                           f"set `{key}:` to {what} >= {minimum}")

@@ -8,27 +8,19 @@ Token rules, the same for both: the cluster token comes from MSHIP_RAY_AUTH_TOKE
 from __future__ import annotations
 
 import argparse
-import contextlib
+import math
 import os
 import re
 import signal
 import socket
 import sys
 import time
-from pathlib import Path
 
 from clients.modelset import ConfigError
+from services.cluster.pidfile import claim_pidfile, pidfile, release_pidfile
 from services.cluster.shutdown import StopDeadline, StopRequested, StopSignals
 from services.cluster.telemetry import DEFAULT_METRICS_PORT
-from services.common.vocabulary import (
-    ENV_API_KEYS,
-    ENV_API_KEYS_FILE,
-    ENV_CACHE_DIR,
-    ENV_RAY_AUTH_TOKEN,
-    ENV_STATE_STORE,
-    ENV_TRUST_IDENTITY_HEADER,
-    ENV_TRUSTED_IDENTITY_HEADER,
-)
+from services.common.vocabulary import ENV_RAY_AUTH_TOKEN, ENV_STATE_STORE
 
 EXIT_OK, EXIT_BAD_CONFIG, EXIT_UNREACHABLE, EXIT_DEPLOY_FAILED, EXIT_START_FAILED, EXIT_UNAUTHENTICATED = \
     0, 2, 3, 4, 5, 6
@@ -38,26 +30,22 @@ NO_TOKEN = (f"set {ENV_RAY_AUTH_TOKEN} to the cluster token in the environment o
             "(generate one with: python -c 'import secrets; print(secrets.token_hex(32))')")
 
 
-def pidfile(coordinator: str) -> Path:
-    """Where `mship start` leaves its pid, per coordinator port: several platforms may share a host."""
-    root = Path(os.environ.get(ENV_CACHE_DIR) or Path.home() / ".cache" / "mship")
-    return root / "run" / f"mship-start-{coordinator.rsplit(':', 1)[-1]}.pid"
-
-
-def read_pidfile(path: Path) -> tuple[int, float | None]:
-    """(pid, its --stop-timeout) from a pidfile `mship start` wrote; ValueError/OSError if none."""
-    lines = path.read_text().split()
-    return int(lines[0]), float(lines[1]) if len(lines) > 1 else None
-
-
 def _report(deadline: StopDeadline) -> None:
     if line := deadline.summary():
         print(f"mship: {line}", file=sys.stderr, flush=True)
 
 
 def _positive(value: float, flag: str) -> float:
-    if value <= 0:
+    if not 0 < value < math.inf:  # nan included
         raise ConfigError("(command line)", flag, "must be above 0", "pass seconds, e.g. 60")
+    return value
+
+
+def drain_seconds(value: float | None) -> float | None:
+    """A --drain-timeout (`deploy`, `join`): 0 (no drain) or more seconds; None: not given."""
+    if value is not None and not 0 <= value < math.inf:  # nan included
+        raise ConfigError("(command line)", "--drain-timeout", f"{value:g} is not 0 or more seconds",
+                          "pass e.g. 30 (0: no drain)")
     return value
 
 
@@ -74,12 +62,14 @@ def start_token(args: argparse.Namespace) -> str | None:
 
 def cmd_start(args: argparse.Namespace, deploy_initial, expected: list[str]) -> int:
     from services.cluster.capabilities import CapabilityError, node_capabilities
-    from services.cluster.ports import PortTaken, is_loopback
+    from services.cluster.pidfile import PidfileHeld
+    from services.cluster.ports import PortTaken, check_free, is_loopback
     from services.cluster.ray_node import NodeStartError
     from services.launcher import Platform, PlatformConfig
 
     token = start_token(args)
     stop_timeout = _positive(args.stop_timeout, "--stop-timeout")
+    start_addresses(args)
     try:
         caps = node_capabilities() if not args.no_models_on_head else []
     except CapabilityError as e:
@@ -95,14 +85,14 @@ def cmd_start(args: argparse.Namespace, deploy_initial, expected: list[str]) -> 
                          models_on_head=not args.no_models_on_head, capabilities=caps, expected_models=expected,
                          telemetry=telemetry_of(args, args.host), **head_node_flags(args))
     signals = StopSignals()
-    pid = pidfile(cfg.coordinator_address)
-    pid.parent.mkdir(parents=True, exist_ok=True)
-    pid.write_text(f"{os.getpid()} {stop_timeout:g}\n")  # `mship stop` waits as long as this stop may take
+    pid, claimed = pidfile(cfg.coordinator_address), None
     platform = Platform(cfg)
     code = EXIT_START_FAILED
     try:
+        check_free(cfg.ports())  # before the pidfile: a start on taken ports leaves the running one's alone
+        claimed = claim_pidfile(pid, stop_timeout)  # `mship stop` waits as long as this stop may take
         code = _run_platform(platform, cfg, args, signals, deploy_initial, caps, token)
-    except (PortTaken, NodeStartError) as e:
+    except (PortTaken, NodeStartError, PidfileHeld) as e:
         print(f"mship: the platform failed to start: {e}", file=sys.stderr)
     except Exception as e:
         print(f"mship: the platform failed to start: {type(e).__name__}: {e}", file=sys.stderr)
@@ -115,9 +105,8 @@ def cmd_start(args: argparse.Namespace, deploy_initial, expected: list[str]) -> 
         print(f"stopping mship (up to {stop_timeout:g}s; a second Ctrl-C or SIGTERM forces it) ...", flush=True)
         deadline = platform.stop(stop_timeout, signals.hurry)
         _report(deadline)
-        with contextlib.suppress(OSError, ValueError):
-            if read_pidfile(pid)[0] == os.getpid():
-                pid.unlink()
+        if claimed is not None:
+            release_pidfile(pid, claimed)
         if deadline.exit_hard:  # a Ray call never returned, or Ray is half torn down: its exit hooks would hang
             sys.stdout.flush()
             sys.stderr.flush()
@@ -129,6 +118,8 @@ def _run_platform(platform, cfg, args: argparse.Namespace, signals: StopSignals,
                   token: str | None) -> int:
     """Start, deploy the start set, serve until a signal; a signal while starting or deploying ends
     that at once (a start or a model load can take minutes)."""
+    from services.launcher import edge_access
+
     t0 = time.monotonic()
     try:
         with signals.interrupting():
@@ -150,15 +141,33 @@ def _run_platform(platform, cfg, args: argparse.Namespace, signals: StopSignals,
               f"{cfg.service_discovery_file}", flush=True)
     args.coordinator = cfg.coordinator_address
     try:
-        with signals.interrupting():
-            if deploy_initial(args) != EXIT_OK:
-                print("mship: the initial deploy failed; the platform keeps running", file=sys.stderr)
+        with signals.interrupting():  # a signal while following it stops the platform, as at any other time
+            failed = deploy_initial(args)
     except StopRequested:
         return EXIT_OK
+    if failed:  # the platform is up: a deploy that did not succeed is one to retry, not a reason to stop
+        print(f"mship: the initial deploy failed ({failed}); the platform keeps running", file=sys.stderr)
     print(f"OpenAI API at http://{cfg.host}:{cfg.http_port}/v1  (Ctrl-C or `mship stop` to stop)", flush=True)
     print(f"API access: {edge_access()}", flush=True)
     signals.stop.wait()
     return EXIT_OK
+
+
+def port(value: int | None, flag: str, zero_ok: bool = False) -> None:
+    """A port flag in range: out of it, a socket call would fail late with an OverflowError."""
+    if value is not None and not (0 if zero_ok else 1) <= value <= 65535:
+        raise ConfigError("(command line)", flag, f"{value} is not a port", f"pass {0 if zero_ok else 1}-65535")
+
+
+def start_addresses(args: argparse.Namespace) -> None:
+    """The addresses and ports `mship start` binds and advertises, checked before anything starts."""
+    for flag in ("--coordinator-port", "--state-port", "--gcs-port"):  # dialled by others: never 0
+        port(getattr(args, flag[2:].replace("-", "_")), flag)
+    port(args.http_port, "--http-port", zero_ok=True)
+    for flag, value in (("--host", args.host), ("--advertise-address", args.advertise_address)):
+        if value and ":" in value:  # bound and advertised as `host:port`, unbracketed: no IPv6 survives that
+            raise ConfigError("(command line)", flag, f"{value} is an IPv6 address; the platform binds and "
+                              "advertises IPv4 only", "pass 127.0.0.1, 0.0.0.0 or an IPv4 address of this machine")
 
 
 def gateway_scaling(args: argparse.Namespace) -> dict:
@@ -194,10 +203,16 @@ def head_node_flags(args: argparse.Namespace) -> dict:
     if args.ray_address and given:
         raise ConfigError("(command line)", given[0], "--ray-address attaches to a Ray cluster started elsewhere",
                           f"drop {given[0]}, or --ray-address")
-    if args.node_num_cpus is not None and args.node_num_cpus <= 0:  # the head's own services need CPUs
-        raise ConfigError("(command line)", "--node-num-cpus", "must be above 0", "pass e.g. 4")
-    return {"num_cpus": args.node_num_cpus or 0, "memory": parse_memory(args.node_memory),
-            "ray_monitor": not args.no_ray_monitor}
+    return {"num_cpus": whole_cpus(args.node_num_cpus, minimum=1) or 0,  # the head's own services need CPUs
+            "memory": parse_memory(args.node_memory), "ray_monitor": not args.no_ray_monitor}
+
+
+def whole_cpus(value: float | None, minimum: int) -> int | None:
+    """--node-num-cpus: `ray start --num-cpus` takes a whole number only, and would refuse 2.5 late."""
+    if value is not None and not (value.is_integer() and value >= minimum):  # nan and inf are not integers
+        raise ConfigError("(command line)", "--node-num-cpus", f"{value:g} is not a whole number of CPUs >= "
+                          f"{minimum}", f"pass e.g. {max(minimum, 4)} (Ray counts logical CPUs in whole units)")
+    return None if value is None else int(value)
 
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]i?B?)?$", re.IGNORECASE)
@@ -216,10 +231,11 @@ def parse_memory(text: str | None) -> int | None:
 
 def cmd_join(args: argparse.Namespace) -> int:
     from services.cluster.capabilities import CapabilityError, node_capabilities, node_resources, visible_gpus
-    from services.cluster.ports import is_loopback
+    from services.cluster.ports import PortTaken, check_free, check_local, is_loopback
     from services.cluster.ray_node import NodeConfig
 
     stop_timeout = join_stop_timeout(args)
+    num_cpus = whole_cpus(args.node_num_cpus, minimum=0)
     if args.node_num_gpus is not None and args.node_num_gpus > (seen := visible_gpus()):
         raise ConfigError("(command line)", "--node-num-gpus", f"{args.node_num_gpus} GPUs asked, this node "
                           f"sees {seen}", f"pass at most {seen}")
@@ -232,8 +248,15 @@ def cmd_join(args: argparse.Namespace) -> int:
     head_host = args.gcs_address.rsplit(":", 1)[0]
     node_ip = args.advertise_address or ("127.0.0.1" if is_loopback(head_host) else None)
     telemetry = telemetry_of(args, node_ip or "0.0.0.0")
+    try:  # checked before anything starts, as `mship start` checks its own
+        check_local("--advertise-address", args.advertise_address)
+        if telemetry.metrics:
+            check_free({"--metrics-port": (telemetry.metrics_host, telemetry.metrics_port)})
+    except PortTaken as e:
+        print(f"mship: join failed: {e}", file=sys.stderr)
+        return EXIT_START_FAILED
     telemetry.start()
-    cfg = NodeConfig(head=False, gcs_address=args.gcs_address, node_ip=node_ip, num_cpus=args.node_num_cpus,
+    cfg = NodeConfig(head=False, gcs_address=args.gcs_address, node_ip=node_ip, num_cpus=num_cpus,
                      num_gpus=args.node_num_gpus, memory=parse_memory(args.node_memory),
                      node_name=args.node_name or f"{socket.gethostname()}-{os.getpid()}",
                      resources=node_resources(caps, gateway=not args.no_gateway),
@@ -287,6 +310,7 @@ def _leave(node, deadline: StopDeadline) -> None:
 
 def join_stop_timeout(args: argparse.Namespace) -> float:
     """--stop-timeout for a join: by default 60 s, or the drain and 30 s more when that is longer."""
+    drain_seconds(args.drain_timeout)
     if args.stop_timeout is None:
         return max(DEFAULT_STOP_TIMEOUT_S, args.drain_timeout + 30)
     if _positive(args.stop_timeout, "--stop-timeout") < args.drain_timeout:
@@ -353,8 +377,8 @@ def telemetry_of(args: argparse.Namespace, host: str):
         except ValueError as e:
             raise ConfigError("(command line)", "--log-target", str(e),
                               "pass syslog://host:port (UDP) or syslog+tcp://host:port") from None
-    if not 0 < args.metrics_port < 65536:
-        raise ConfigError("(command line)", "--metrics-port", f"{args.metrics_port} is not a port", "pass 1-65535")
+    port(args.metrics_port, "--metrics-port")
+    port(args.dashboard_agent_port, "--dashboard-agent-port")
     return NodeTelemetry(metrics=not args.no_metrics, metrics_host=host, metrics_port=args.metrics_port,
                          log_target=args.log_target, otel_endpoint=args.otel_endpoint,
                          agent_port=args.dashboard_agent_port)
@@ -374,14 +398,3 @@ def add_join_flags(join: argparse.ArgumentParser) -> None:
                       "included, before the node's processes are killed (default 60, or --drain-timeout + 30)")
     join.add_argument("--verbose", action="store_true", help="echo Ray's own output")
     add_telemetry_flags(join)
-
-
-def edge_access() -> str:
-    """Who may call the OpenAI API, as the gateways will decide it (services.gateway.identity)."""
-    if os.environ.get(ENV_API_KEYS) or os.environ.get(ENV_API_KEYS_FILE):
-        return "API keys required (Authorization: Bearer KEY or x-api-key)"
-    if header := os.environ.get(ENV_TRUSTED_IDENTITY_HEADER) or (
-            "x-mship-identity" if os.environ.get(ENV_TRUST_IDENTITY_HEADER) == "1" else ""):
-        return f"the identity in the {header} header, set by the proxy in front (nothing else is accepted)"
-    return (f"open: no API keys, every caller is the one anonymous identity (one prefix cache, rate limits "
-            f"per client address); set {ENV_API_KEYS} or {ENV_API_KEYS_FILE} to require keys")

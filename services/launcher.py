@@ -27,9 +27,13 @@ from services.cluster.ray_node import NodeConfig, RayNode, gcs_redis_password
 from services.cluster.shutdown import StopDeadline, end_processes
 from services.cluster.telemetry import NodeTelemetry, ServiceDiscoveryFile
 from services.common.vocabulary import (
+    ENV_API_KEYS,
+    ENV_API_KEYS_FILE,
     ENV_CACHE_DIR,
     ENV_COMPACTION_KEY,
     ENV_RAY_AUTH_TOKEN,
+    ENV_TRUST_IDENTITY_HEADER,
+    ENV_TRUSTED_IDENTITY_HEADER,
     GATEWAY_RESOURCE,
     PLATFORM_ENV,
 )
@@ -174,6 +178,17 @@ def head_node(cfg: PlatformConfig, env: Mapping[str, str] = os.environ) -> NodeC
         # The GCS in Redis (KubeRay's gcsFaultToleranceOptions): RAY_REDIS_ADDRESS and
         # RAY_external_storage_namespace reach Ray through the node's inherited environment.
         redis_password=gcs_redis_password(env))
+
+
+def edge_access() -> str:
+    """Who may call the OpenAI API, as the gateways will decide it (services.gateway.identity)."""
+    if os.environ.get(ENV_API_KEYS) or os.environ.get(ENV_API_KEYS_FILE):
+        return "API keys required (Authorization: Bearer KEY or x-api-key)"
+    if header := os.environ.get(ENV_TRUSTED_IDENTITY_HEADER) or (
+            "x-mship-identity" if os.environ.get(ENV_TRUST_IDENTITY_HEADER) == "1" else ""):
+        return f"the identity in the {header} header, set by the proxy in front (nothing else is accepted)"
+    return (f"open: no API keys, every caller is the one anonymous identity (one prefix cache, rate limits "
+            f"per client address); set {ENV_API_KEYS} or {ENV_API_KEYS_FILE} to require keys")
 
 
 # Coordinator and state listen on the head: their ports are the ones operators open.

@@ -25,6 +25,19 @@ def check_free(ports: dict[str, tuple[str, int]]) -> None:
                                 "(another mship platform on this machine needs its own ports)") from None
 
 
+def check_local(flag: str, address: str | None) -> None:
+    """`address` (given with `flag`; None: none given) is one of this machine's: something here can
+    bind it. Raises PortTaken naming it otherwise, before a Ray node would fail on it with a traceback."""
+    if not address:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as s:
+        try:
+            s.bind((address, 0))
+        except OSError as e:  # gaierror included: a name that does not resolve
+            raise PortTaken(f"{address} is not an address of this machine ({e.strerror}); pass one of its own "
+                            f"with {flag}") from None
+
+
 def free_port(host: str) -> int:
     """A port nothing listens on now, for a Ray component co-located nodes would otherwise share."""
     with socket.socket() as s:

@@ -10,8 +10,10 @@ import sys
 import grpc
 import pytest
 
+from clients import cli, node_commands
 from mship.coordinator.v1 import coordinator_pb2 as pb
 from mship.coordinator.v1 import coordinator_pb2_grpc
+from services.common.vocabulary import ENV_COORDINATOR
 from tests.platform_process import ROOT
 
 pytestmark = pytest.mark.timeout(60)
@@ -55,3 +57,82 @@ async def test_a_signal_while_following_a_deploy_stops_following_not_the_deploy(
         await asyncio.wait_for(coordinator.follower_left.wait(), 5)  # its stream was closed, nothing else
     finally:
         await server.stop(0)
+
+
+class RecordingStub:
+    """Takes the DeployRequest and answers with one event (a deploy not followed); also the channel."""
+
+    def __init__(self) -> None:
+        self.requests: list[pb.DeployRequest] = []
+
+    def Deploy(self, request, wait_for_ready=False):
+        self.requests.append(request)
+        return self
+
+    def __iter__(self):
+        return iter([pb.DeployEvent(deploy_id="d-1", state=pb.DEPLOY_STATE_RUNNING)])
+
+    def cancel(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("flags", "sent"), [((), None), (("--drain-timeout", "0"), 0.0),
+                                             (("--drain-timeout", "12.5"), 12.5)])
+def test_the_drain_timeout_is_sent_only_when_given_and_zero_as_zero(flags, sent, capsys):
+    args = cli.parser().parse_args(["deploy", "--model", "builtin:tiny-qwen2", *flags])
+    stub = RecordingStub()
+    assert cli.deploy(args, stub, cli._models_from_args(args)) == 0
+    (request,) = stub.requests
+    assert (request.drain_timeout_s if request.HasField("drain_timeout_s") else None) == sent  # 0: no drain
+
+
+@pytest.mark.parametrize("argv", [["deploy", "--model", "builtin:tiny-qwen2", "--drain-timeout", "-5"],
+                                  ["join", "--gcs-address", "127.0.0.1:1", "--no-metrics", "--drain-timeout", "-1"]])
+def test_a_negative_drain_timeout_is_refused_before_anything_is_sent(argv, monkeypatch, capsys):
+    stub = RecordingStub()
+    monkeypatch.setattr(cli, "_stub", lambda args: (stub, stub))
+    monkeypatch.setattr(node_commands, "_joined", lambda *a: pytest.fail("started a node"))
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 2 and "--drain-timeout" in capsys.readouterr().err and not stub.requests
+
+
+def test_the_coordinator_comes_from_the_flag_then_the_env_file_then_the_environment(tmp_path, monkeypatch):
+    seen: list[str] = []
+    monkeypatch.setattr(cli, "cmd_models", lambda args, verbose=False: seen.append(args.coordinator) or 0)
+    monkeypatch.setenv(ENV_COORDINATOR, "10.0.0.1:50051")  # set, so monkeypatch restores it: the file changes it
+
+    def dialled(*argv: str) -> str:
+        with pytest.raises(SystemExit):
+            cli.main(list(argv))
+        return seen.pop()
+
+    assert dialled("models") == "10.0.0.1:50051"
+    env = tmp_path / "cluster.env"
+    env.write_text(f"{ENV_COORDINATOR}=10.9.8.7:50051\n")
+    env.chmod(0o600)
+    assert dialled("models", "--env-file", str(env)) == "10.9.8.7:50051"
+    assert dialled("models", "--env-file", str(env), "--coordinator", "h:1") == "h:1"
+    assert dialled("--coordinator", "h:2", "models", "--env-file", str(env)) == "h:2"
+    monkeypatch.delenv(ENV_COORDINATOR)
+    assert dialled("models") == cli.DEFAULT_COORDINATOR
+
+
+@pytest.mark.parametrize("argv", [["start", "--coordinator", "127.0.0.1:6000"],
+                                  ["--coordinator", "127.0.0.1:6000", "start"],
+                                  ["join", "--gcs-address", "127.0.0.1:1", "--coordinator", "127.0.0.1:6000"]])
+def test_start_and_join_refuse_a_coordinator_they_would_ignore(argv, monkeypatch, capsys):
+    monkeypatch.setattr(node_commands, "cmd_start", lambda *a: pytest.fail("started a platform"))
+    monkeypatch.setattr(node_commands, "cmd_join", lambda *a: pytest.fail("started a node"))
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "--coordinator:" in err
+    command = "join" if "join" in argv else "start"
+    assert ("--gcs-address" if command == "join" else "--coordinator-port") in err  # what to pass instead
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args([command, "--help"])
+    assert "--coordinator HOST:PORT" not in capsys.readouterr().out  # nor offered there

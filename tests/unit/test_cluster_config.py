@@ -4,18 +4,21 @@ the Ray node command lines, and taken ports named with their flag."""
 
 from __future__ import annotations
 
+import signal
 import socket
 
 import pytest
 
+from clients import node_commands
 from clients.cli import main
 from clients.env_file import parse_env_file
 from clients.modelset import ConfigError
 from clients.node_commands import parse_memory
+from services import launcher
 from services.cluster import capabilities
 from services.cluster.ports import PortTaken, check_free
 from services.cluster.ray_node import NodeConfig
-from services.common.vocabulary import ENV_NODE_CAPABILITIES, ENV_RAY_AUTH_TOKEN
+from services.common.vocabulary import ENV_CACHE_DIR, ENV_NODE_CAPABILITIES, ENV_RAY_AUTH_TOKEN
 from services.launcher import PlatformConfig
 
 
@@ -120,3 +123,65 @@ def test_a_taken_port_is_named_with_its_flag():
                                             ("1.5g", int(1.5 * 2**30))])
 def test_node_memory_sizes(text, expected):
     assert parse_memory(text) == expected
+
+
+@pytest.fixture
+def no_platform(tmp_path, monkeypatch):
+    """`mship start` may get as far as its platform only to fail the test: nothing of Ray starts here."""
+    class Refused:
+        def __init__(self, cfg) -> None:
+            pass
+
+        def start(self) -> None:
+            pytest.fail("the platform started")
+
+        def stop(self, *args) -> launcher.StopDeadline:
+            return launcher.StopDeadline(1)
+
+    monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path))
+    monkeypatch.setenv(ENV_NODE_CAPABILITIES, "[]")
+    monkeypatch.setattr(launcher, "Platform", Refused)
+    monkeypatch.setattr(node_commands, "_joined", lambda *a: pytest.fail("the node started"))
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
+@pytest.mark.parametrize(("flags", "flag"), [
+    (["--http-port", "70000"], "--http-port"), (["--gcs-port", "65536"], "--gcs-port"),
+    (["--state-port", "-1"], "--state-port"), (["--coordinator-port", "0"], "--coordinator-port"),
+    (["--metrics-port", "70000"], "--metrics-port"),
+    (["--host", "::1"], "--host"), (["--host", "::"], "--host"), (["--advertise-address", "fe80::1"],
+                                                                    "--advertise-address"),
+])
+def test_start_refuses_ports_out_of_range_and_ipv6_addresses_before_anything_starts(no_platform, capsys, flags, flag):
+    assert run_cli("start", "--no-metrics" if flag != "--metrics-port" else "--stop-timeout=5", *flags) == 2
+    assert f"{flag}:" in capsys.readouterr().err
+
+
+def test_join_checks_its_metrics_port_and_address_before_anything_starts(no_platform, capsys):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert run_cli("join", "--gcs-address", "10.0.0.1:6380", "--metrics-port", str(port)) == 5
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"port {port}" in err and "--metrics-port" in err
+    # 192.0.2.1 (TEST-NET-1) is no address of this machine
+    assert run_cli("join", "--gcs-address", "10.0.0.1:6380", "--no-metrics", "--advertise-address", "192.0.2.1") == 5
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "192.0.2.1 is not an address of this machine" in err
+    assert "--advertise-address" in err
+
+
+@pytest.mark.parametrize(("content", "problem"), [(b"MSHIP_RAY_AUTH_TOKEN=\xff\xfeabc\n", "not UTF-8"),
+                                                  (b"MSHIP_RAY_AUTH_TOKEN=a\x00b\n", "NUL")])
+def test_an_env_file_that_cannot_be_loaded_is_a_config_error(tmp_path, capsys, content, problem):
+    env = tmp_path / "bad.env"
+    env.write_bytes(content)
+    env.chmod(0o600)
+    with pytest.raises(ConfigError, match=problem):
+        parse_env_file(str(env))
+    assert run_cli("models", "--env-file", str(env), "--coordinator", "127.0.0.1:1") == 2
+    assert problem in capsys.readouterr().err

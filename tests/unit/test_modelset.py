@@ -38,6 +38,16 @@ def test_a_valid_model_set_parses(tmp_path):
     ("    rate_limits: 5\n", "models[0].rate_limits", "expected a mapping"),
     ("    max_ongoing_requests: 0\n", "models[0].max_ongoing_requests", "an integer >= 1"),
     ("    max_queued_requests: -1\n", "models[0].max_queued_requests", "an integer >= 0"),
+    # YAML values of the wrong shape, each once a traceback:
+    ("    loader: [vllm]\n", "models[0].loader", "unknown loader ['vllm']"),
+    ("    usecase: {a: 1}\n", "models[0].usecase", "unknown usecase {'a': 1}"),
+    ("    tool_parser: [hermes]\n", "models[0].tool_parser", "unknown tool_parser"),
+    ("    engine_args: {seed: 2024-01-01}\n", "models[0].engine_args.seed", "a date value"),
+    ("    engine_args: {x: [{y: 2024-01-01}]}\n", "models[0].engine_args.x[0].y", "a date value"),
+    ("    engine_args: {x: 99999999999999999999999}\n", "models[0].engine_args.x", "past 2**53"),
+    ("    num_cpus: .nan\n", "models[0].num_cpus", "a number >= 0, got nan"),
+    ("    num_gpus: .inf\n", "models[0].num_gpus", "a number >= 0, got inf"),
+    ("    autoscaling_config: {upscale_delay_s: .inf}\n", "models[0].autoscaling_config.upscale_delay_s", "got inf"),
 ])
 def test_a_bad_entry_names_the_key_and_the_fix(tmp_path, entry, key, words):
     path = write(tmp_path, "models:\n  - name: chat\n    model: builtin:all-minilm-l6-v2\n" + entry)
@@ -45,6 +55,22 @@ def test_a_bad_entry_names_the_key_and_the_fix(tmp_path, entry, key, words):
         load_model_set(path)
     assert e.value.key == key and words in e.value.problem and e.value.fix
     assert str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("runtime", ["[a]", "0", "false", "{}"])
+def test_a_llama_runtime_that_is_not_a_name_is_refused(tmp_path, runtime):
+    with pytest.raises(ConfigError) as e:
+        load_model_set(write(tmp_path, "models:\n  - name: chat\n    model: /m/x.gguf\n    loader: llama_cpp\n"
+                                       f"    llama_runtime: {runtime}\n"))
+    assert e.value.key == "models[0].llama_runtime"
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_bytes("models:\n  - name: chat\n    model: café\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as e:
+        load_model_set(path)
+    assert e.value.key == "(file)" and "not UTF-8" in e.value.problem and "UTF-8" in e.value.fix
 
 
 def test_the_cli_refuses_a_model_its_loader_cannot_run_before_calling_anyone():

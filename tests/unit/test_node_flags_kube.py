@@ -106,13 +106,15 @@ def test_what_the_head_offers_ray():
     assert flag_value(cmd, "--num-cpus") == "6" and flag_value(cmd, "--memory") == str(8 * 2**30)
     default = head_node(PlatformConfig(models_on_head=False, **start_flags()), {}).command()
     assert flag_value(default, "--num-cpus") == str(4 * (os.cpu_count() or 2)) and "--memory" not in default
-    assert flag_value(head_node(PlatformConfig(models_on_head=False, **start_flags("--node-num-cpus", "0.5")),
-                                {}).command(), "--num-cpus") == "0.5"
+    assert flag_value(head_node(PlatformConfig(models_on_head=False, **start_flags("--node-num-cpus", "3.0")),
+                                {}).command(), "--num-cpus") == "3"
 
 
 @pytest.mark.parametrize(("argv", "key", "problem"), [
     (["--node-memory", "lots"], "--node-memory", "not a size: 'lots'"),  # join's parse, join's message
-    (["--node-num-cpus", "0"], "--node-num-cpus", "above 0"),
+    (["--node-num-cpus", "0"], "--node-num-cpus", "not a whole number of CPUs >= 1"),
+    (["--node-num-cpus", "2.5"], "--node-num-cpus", "2.5 is not a whole number"),  # `ray start` takes ints only
+    (["--node-num-cpus", "nan"], "--node-num-cpus", "nan is not a whole number"),
     (["--ray-address", "auto", "--node-num-cpus", "4"], "--node-num-cpus", "--ray-address"),
     (["--ray-address", "auto", "--no-ray-monitor"], "--no-ray-monitor", "--ray-address"),
 ])
@@ -120,6 +122,13 @@ def test_bad_head_node_flags_name_the_flag(argv, key, problem):
     with pytest.raises(ConfigError) as e:
         start_flags(*argv)
     assert e.value.key == key and problem in str(e.value) and e.value.fix
+
+
+def test_join_offers_whole_cpus_only(monkeypatch, capsys):
+    assert joined_config(monkeypatch, "--node-num-cpus", "6").num_cpus == 6
+    with pytest.raises(SystemExit) as done:
+        main(["join", "--gcs-address", "127.0.0.1:1", "--no-metrics", "--node-num-cpus", "2.5"])
+    assert done.value.code == 2 and "--node-num-cpus: 2.5 is not a whole number" in capsys.readouterr().err
 
 
 def test_join_memory_parses_the_same_way(monkeypatch, capsys):

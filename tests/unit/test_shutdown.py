@@ -17,8 +17,9 @@ import pytest
 
 from clients.cli import main
 from clients.modelset import ConfigError
-from clients.node_commands import join_stop_timeout, pidfile
+from clients.node_commands import join_stop_timeout
 from services import launcher
+from services.cluster.pidfile import PidRecord, is_mship_start, pidfile, write_pidfile
 from services.cluster.ray_node import NodeConfig, RayNode
 from services.cluster.shutdown import StopRequested, StopSignals
 from services.launcher import Platform, PlatformConfig
@@ -230,6 +231,11 @@ def run_stop(*flags: str) -> tuple[int, float]:
     return int(done.value.code), time.monotonic() - t0
 
 
+def record_of(proc: subprocess.Popen) -> PidRecord:
+    """The pidfile record `mship start` writes, for a stand-in child."""
+    return PidRecord(proc.pid, 60.0, psutil.Process(proc.pid).create_time())
+
+
 def test_mship_stop_is_bounded_and_says_the_platform_is_still_stopping(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MSHIP_CACHE_DIR", str(tmp_path))
     pid = pidfile(COORDINATOR)
@@ -237,7 +243,7 @@ def test_mship_stop_is_bounded_and_says_the_platform_is_still_stopping(tmp_path,
     assert run_stop()[0] == 3  # nothing running
     stubborn = child(STUBBORN)
     try:
-        pid.write_text(f"{stubborn.pid} 60\n")
+        write_pidfile(pid, record_of(stubborn))
         code, took = run_stop("--timeout", "0.5")
         assert code == 5 and took < 2.0
         assert f"(pid {stubborn.pid}) is still stopping after 0.5s" in capsys.readouterr().err
@@ -245,7 +251,44 @@ def test_mship_stop_is_bounded_and_says_the_platform_is_still_stopping(tmp_path,
         stubborn.kill()
         stubborn.wait()
     polite = child(POLITE)
-    pid.write_text(f"{polite.pid} 60\n")  # waits up to 75 s, returns as soon as it has stopped
+    write_pidfile(pid, record_of(polite))  # waits up to 75 s, returns as soon as it has stopped
     code, took = run_stop()
     assert code == 0 and took < 3.0 and "mship stopped" in capsys.readouterr().out
     polite.wait(5)
+
+
+def test_mship_stop_leaves_a_process_that_took_a_dead_starts_pid_alone(tmp_path, monkeypatch, capsys):
+    """A start killed without its cleanup leaves its pidfile; the pid may be any process's by now."""
+    monkeypatch.setenv("MSHIP_CACHE_DIR", str(tmp_path))
+    pid = pidfile(COORDINATOR)
+    other = child(POLITE)  # not a `mship start`: it must not be signalled
+    try:
+        started = record_of(other).started
+        assert started is not None
+        for stale in (f"{other.pid} 60\n",  # an older mship's record: no start time, and not `mship start`
+                      f"{other.pid} 60.0 {started - 5!r}\n"):  # the pid's process started later than the record's
+            pid.parent.mkdir(parents=True, exist_ok=True)
+            pid.write_text(stale)
+            assert run_stop("--timeout", "1")[0] == 3
+            assert "is stale" in capsys.readouterr().err and not pid.exists()
+            assert other.poll() is None  # still running: never signalled
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.parametrize("text", ["", "\n", "not-a-pid 60\n", "1 2 3 4\n"])
+def test_mship_stop_with_an_unreadable_pidfile_says_none_runs(tmp_path, monkeypatch, capsys, text):
+    monkeypatch.setenv("MSHIP_CACHE_DIR", str(tmp_path))
+    pid = pidfile(COORDINATOR)
+    pid.parent.mkdir(parents=True)
+    pid.write_text(text)  # e.g. a start killed mid-write by an older mship, or a full disk
+    assert run_stop()[0] == 3
+    assert "no running `mship start` found" in capsys.readouterr().err and not pid.exists()
+
+
+def test_an_older_mships_record_of_a_running_start_is_still_recognised():
+    assert is_mship_start(["/venv/bin/python", "/venv/bin/mship", "start", "--config", "m.yaml"])
+    assert is_mship_start(["python3", "-m", "clients.cli", "--coordinator", "h:1", "start"])
+    assert not is_mship_start(["sleep", "1000"]) and not is_mship_start(["/venv/bin/mship", "stop"])
+    assert not is_mship_start(["python", "-c", "print('clients.cli start')"])
