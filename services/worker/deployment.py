@@ -23,17 +23,24 @@ from services.common.tracing import configure_tracing
 from services.common.vocabulary import DEFAULT_REPLICA_CPUS, capability_resource, loader_name
 from services.worker import metrics
 from services.worker.engine_metrics import sample_forever
-from services.worker.registration import Registrar, node_lease
+from services.worker.llama_server import STOP_GRACE_S
+from services.worker.registration import LEAVE_TIMEOUT_S, Registrar, node_lease
 from services.worker.server import WorkerServer, start_worker_server
 
 log = logging.getLogger(__name__)
+# Serve kills a replica this long after it asked it to stop. Stopping is: leave routing (one call
+# to the coordinator), drain the in-flight calls, stop the engine (a llama-server gets SIGTERM,
+# then SIGKILL). All of it must fit, or the kill lands mid-stop: the engine's process is left
+# behind, its memory held. The drain gets what the other steps leave, less a margin.
+GRACEFUL_SHUTDOWN_S = 30.0
+DRAIN_S = GRACEFUL_SHUTDOWN_S - LEAVE_TIMEOUT_S - STOP_GRACE_S - 3.0
 
 
 @serve.deployment(
     ray_actor_options={"num_cpus": 0.5},
     health_check_period_s=2,
     health_check_timeout_s=10,
-    graceful_shutdown_timeout_s=30,
+    graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
     graceful_shutdown_wait_loop_s=0.5,
     max_ongoing_requests=4,  # Serve handle calls are control only (health, stats)
 )
@@ -101,7 +108,7 @@ class WorkerDeployment:
         if hasattr(self, "registrar"):
             await self.registrar.stop()
         if hasattr(self, "server"):
-            await self.server.stop(grace_s=25.0)
+            await self.server.stop(grace_s=DRAIN_S)
 
 
 def worker_app(spec: common_pb2.ModelSpec, version: str, coordinator: str):

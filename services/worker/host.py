@@ -191,6 +191,9 @@ class ModelHost:
 
     async def shutdown(self) -> None:
         if self._task is not None and not self._task.done():
+            # A load still under way: its own cleanup (the engine it is starting, the node's load
+            # lease) must run before this returns, or the process may be gone before it does.
             self._task.cancel()
+            await asyncio.wait({self._task})
         if self.engine is not None:
             await self.engine.shutdown()

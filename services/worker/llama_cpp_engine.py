@@ -152,7 +152,12 @@ class LlamaCppEngine(Engine):
                  cfg.n_parallel, cfg.n_ctx)
         engine = cls(server, client, cfg)
         if cfg.embeddings:
-            engine.embedding_dimension = int(await asyncio.to_thread(_gguf_field, cfg.model_path, ".embedding_length"))
+            try:
+                engine.embedding_dimension = int(await asyncio.to_thread(
+                    _gguf_field, cfg.model_path, ".embedding_length"))
+            except BaseException:  # the caller never gets this engine to shut down
+                await engine.shutdown()
+                raise
         return engine
 
     @property

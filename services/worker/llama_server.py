@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import functools
 import json
 import logging
@@ -30,6 +31,19 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 600.0  # a large GGUF on a slow disk
+STOP_GRACE_S = 5.0  # from SIGTERM to SIGKILL: within a replica's graceful shutdown (deployment.py)
+# A llama-server must not outlive its worker (a SIGKILLed replica, an OOM kill, Serve's forced stop
+# after its graceful timeout): it would keep the model's memory (GPU memory too) and its port. The
+# binary is started through this shim, which asks the kernel for SIGKILL when its parent dies
+# (PR_SET_PDEATHSIG, kept across exec) and then execs the server in its own place (same pid).
+# The parent the kernel watches is the *thread* that forked: `_SPAWNER`'s, which lives as long as
+# this process (not a pool thread that may end while the server should run on).
+_DIE_WITH_PARENT = """import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)  # the worker died before the line above took effect
+os.execv(sys.argv[2], sys.argv[2:])"""
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="llama-server-spawn")
 
 
 def packaged_binary() -> tuple[str, dict[str, str]]:
@@ -193,8 +207,10 @@ class LlamaServer:
                 template = str(Path(workdir) / "chat_template.jinja")
                 Path(template).write_text(cfg.chat_template)
             argv = cfg.argv(binary, port, template)
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace")
+            if sys.platform == "linux":
+                argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
+        proc = _SPAWNER.submit(subprocess.Popen, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, errors="replace").result()
         return cls(proc, port, workdir)
 
     def _read(self) -> None:
@@ -216,7 +232,7 @@ class LlamaServer:
             f"llama-server exited with {self.proc.returncode}" if not self.alive else
             f"llama-server not healthy within {timeout_s:.0f}s") + f":\n{self.tail()}")
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         if self.alive:
             self.proc.terminate()
             try:

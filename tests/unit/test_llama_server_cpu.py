@@ -5,8 +5,12 @@ portable xllamacpp build in a child process otherwise (no model loaded here)."""
 from __future__ import annotations
 
 import json
+import os
+import select
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +23,7 @@ from services.worker.llama_server import (
     missing_cpu_features,
     packaged_unfit_reason,
 )
+from tests.platform_process import ROOT
 
 ZEN4 = {"pni", "ssse3", "avx", "avx2", "f16c", "fma", "bmi2", "avx512f", "avx512vbmi", "avx512_vnni", "avx512_bf16"}
 SAPPHIRE_RAPIDS = ZEN4 | {"avx_vnni", "amx_int8", "amx_tile", "amx_bf16"}
@@ -76,6 +81,13 @@ def popen(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     return started
 
 
+def server_argv(argv: list[str]) -> list[str]:
+    """The server's own command line, without the shim that ties it to the worker's life."""
+    if argv[1:3] == ["-c", llama_server._DIE_WITH_PARENT]:
+        return argv[4:]
+    return argv
+
+
 CFG = ServerConfig(model_path="/models/m.gguf", n_ctx=512, n_parallel=2, chat_template="{{ messages }}")
 
 
@@ -95,14 +107,16 @@ def test_a_cpu_it_fits_gets_the_packaged_binary(monkeypatch, popen):
     monkeypatch.setattr(llama_server, "packaged_unfit_reason", lambda: None)
     with pytest.raises(Started):
         LlamaServer.spawn(CFG)
-    assert popen[0][0] == llama_server.packaged_binary()[0] and "--chat-template-file" in popen[0]
+    argv = server_argv(popen[0])
+    assert argv[0] == llama_server.packaged_binary()[0] and "--chat-template-file" in argv
 
 
 def test_an_operators_binary_is_used_as_given(monkeypatch, popen):
     monkeypatch.setattr(llama_server, "packaged_unfit_reason", lambda: "it needs amx_int8, which this CPU lacks")
     with pytest.raises(Started):
         LlamaServer.spawn(ServerConfig(model_path="m.gguf", n_ctx=512, n_parallel=1, binary=sys.executable))
-    assert popen[0][0] == sys.executable and "-m" in popen[0] and popen[0][popen[0].index("-m") + 1] == "m.gguf"
+    argv = server_argv(popen[0])
+    assert argv[0] == sys.executable and argv[argv.index("-m") + 1] == "m.gguf"
 
 
 def test_server_args_without_a_binary_that_runs_here_are_refused(monkeypatch, popen):
@@ -110,3 +124,37 @@ def test_server_args_without_a_binary_that_runs_here_are_refused(monkeypatch, po
     with pytest.raises(ValueError, match=r"llama_server_args need the packaged llama-server.*needs avx_vnni"):
         LlamaServer.spawn(ServerConfig(model_path="m.gguf", n_ctx=512, n_parallel=1, extra_args=["--flash-attn", "on"]))
     assert popen == []
+
+
+# A worker (its own process) that starts a llama-server, says its pid, and runs until it is killed.
+WORKER = """
+import sys, threading
+from services.worker.llama_server import LlamaServer, ServerConfig
+server = LlamaServer.spawn(ServerConfig(model_path="m.gguf", n_ctx=16, n_parallel=1, binary=sys.argv[1]))
+print(server.proc.pid, flush=True)
+threading.Event().wait()
+"""
+
+
+def test_a_llama_server_does_not_outlive_a_killed_worker(tmp_path: Path):
+    """A replica SIGKILLed (OOM, Serve's forced stop past its graceful timeout) runs no cleanup:
+    its llama-server must still go, not keep the model's memory and its port as an orphan."""
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\nexec sleep 600\n")  # stands for the server: runs until stopped
+    binary.chmod(0o755)
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(binary)], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert worker.stdout is not None
+        pid = int(worker.stdout.readline())
+        server = os.pidfd_open(pid)
+    finally:
+        worker.kill()
+        worker.wait()
+    try:
+        gone, _, _ = select.select([server], [], [], 10)  # readable once that process has exited
+        if not gone:
+            os.kill(pid, signal.SIGKILL)
+        assert gone, "the llama-server outlived its worker"
+    finally:
+        os.close(server)

@@ -3,6 +3,10 @@ for vLLM: every caller sees the whole history, from the start, through READY or 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
 import pytest
 from grpc_health.v1 import health_pb2
 
@@ -62,3 +66,33 @@ async def test_a_failed_load_ends_progress_and_wait_ready(monkeypatch: pytest.Mo
         await host.wait_ready()
     assert await phases(host) == ["LOAD_PHASE_RESOLVING", "LOAD_PHASE_FAILED"]
     assert not host.ready and host.load_seconds() == 0.0
+
+
+async def test_a_shutdown_during_the_load_returns_once_the_load_cleaned_up(monkeypatch: pytest.MonkeyPatch):
+    """Serve stopping a replica mid-load: what the load holds (an engine process half started, the
+    node's load lease) is let go before shutdown returns, not left to a task the process outlives."""
+    monkeypatch.setattr(host_module, "resolve_model", lambda ref: ref)
+    loading, released = asyncio.Event(), []
+
+    async def start(spec, path):
+        loading.set()
+        try:
+            await asyncio.Event().wait()  # a load that takes minutes
+        finally:
+            await asyncio.sleep(0)  # stopping the engine's process takes a moment
+            released.append("engine")
+    monkeypatch.setattr(host_module, "start_engine", start)
+
+    @contextlib.asynccontextmanager
+    async def lease() -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await asyncio.sleep(0)  # ReleaseLease is a call to the coordinator
+            released.append("lease")
+
+    host = ModelHost()
+    host.begin_load(SPEC, lease)
+    await loading.wait()
+    await host.shutdown()
+    assert released == ["engine", "lease"]
