@@ -12,7 +12,9 @@ every write sets the expiry of all three (in its transaction).
 
 Multi-key writes are optimistic transactions: WATCH the run, read it, apply the rule (runs.py),
 then MULTI/EXEC every write; a concurrent change retries. Nothing is written before EXEC, and
-Redis applies an EXEC whole or not at all, so a crash or an outage never leaves half a write.
+Redis applies an EXEC whole or not at all, so a crash or an outage never leaves half a write. A
+connection lost after EXEC went out leaves it unknown whether it was applied: the retry first
+checks for exactly that write (see `_transact`), so it is applied once and reported as done.
 Followers block in XREAD on the stream. Every Redis error is StoreUnavailable, and so is a call
 that Redis has not answered within `call_timeout_s` (a hung or black-holed Redis): each store call,
 its retries and a whole transaction included, ends well within the state client's gRPC deadline,
@@ -37,6 +39,7 @@ from mship.state.v1 import state_pb2 as pb
 from services.state import runs
 from services.state.store import (
     Mutation,
+    RunWrite,
     Store,
     StoreUnavailable,
     key_path,
@@ -62,6 +65,24 @@ def _keys(identity: str, response_id: str) -> tuple[str, str, str]:
 def _event(entry_id: bytes, fields: dict[bytes, bytes]) -> pb.RunEvent:
     return pb.RunEvent(sequence=int(entry_id.split(b"-")[0]), event_json=fields[b"j"].decode(),
                        terminal=fields.get(b"t") == b"1")
+
+
+def _connection_lost(error: redis.WatchError) -> bool:
+    """The WatchError redis-py raises for a connection lost while watching (maybe after EXEC was
+    sent), not for a watched key that changed (EXEC answered nil: nothing was applied)."""
+    return isinstance(error.__context__, (redis.ConnectionError, redis.TimeoutError))
+
+
+async def _holds(pipe: Pipeline, run_data: bytes, events_key: str, write: RunWrite) -> bool:
+    """Whether the store holds exactly `write`: its run, byte for byte (its update time included),
+    and its events at their sequences."""
+    if run_data != write.run.SerializeToString():
+        return False
+    if not write.events:
+        return True
+    first, last = write.events[0].sequence, write.events[-1].sequence
+    entries = await pipe.xrange(events_key, f"{first}-0", f"{last}-0")
+    return [_event(entry_id, fields) for entry_id, fields in entries] == write.events
 
 
 class RedisStore(Store):
@@ -90,19 +111,26 @@ class RedisStore(Store):
         except TimeoutError:
             raise StoreUnavailable(f"Redis did not answer within {self.call_timeout_s + blocks_s:g} s") from None
 
-    async def _transact(self, watch: list[str], body: Callable[[Pipeline], Awaitable[T]]) -> T:
+    async def _transact(self, watch: list[str], body: Callable[[Pipeline, bool], Awaitable[T]]) -> T:
         """Run `body` (reads in immediate mode, then `pipe.multi()` and queued writes) under WATCH,
-        retrying when a watched key changed before EXEC. A body that never calls multi() writes nothing."""
+        retrying when a watched key changed before EXEC. A body that never calls multi() writes nothing.
+
+        `body(pipe, unsure)`: `unsure` once an earlier attempt lost its connection, so its EXEC may
+        have been applied though no reply came (redis-py reports that as a WatchError too). The body
+        then first checks whether the store already holds its earlier write, and if so returns
+        without writing it again: a retry must not turn the caller's own landed write into a conflict."""
         async def attempt() -> T:
+            unsure = False
             async with self._client.pipeline(transaction=True) as pipe:
                 for _ in range(MAX_TRANSACTION_TRIES):
                     try:
                         await pipe.watch(*watch)
-                        result = await body(pipe)
+                        result = await body(pipe, unsure)
                         if pipe.explicit_transaction:
                             await pipe.execute()
                         return result
-                    except redis.WatchError:
+                    except redis.WatchError as e:
+                        unsure = unsure or _connection_lost(e)
                         await pipe.reset()
                 raise StoreUnavailable("too many concurrent writers on one run")
         return await self._call(attempt())
@@ -167,13 +195,16 @@ class RedisStore(Store):
 
     async def _create_run(self, identity: str, response_id: str, response: bytes, run: pb.StoredRun) -> None:
         snap_key, run_key, events_key = _keys(identity, response_id)
+        run_bytes = run.SerializeToString()
 
-        async def body(pipe: Pipeline) -> None:
+        async def body(pipe: Pipeline, unsure: bool) -> None:
+            if unsure and await pipe.mget(snap_key, run_key) == [response, run_bytes]:
+                return  # this very create landed, its reply lost
             if await pipe.exists(snap_key, run_key):
                 raise runs.already_exists(response_id)
             pipe.multi()
             pipe.set(snap_key, response, px=self._ttl_ms)
-            pipe.set(run_key, run.SerializeToString(), px=self._ttl_ms)
+            pipe.set(run_key, run_bytes, px=self._ttl_ms)
             pipe.delete(events_key)
             self._index(pipe, identity, response_id, run.record)
         await self._transact([snap_key, run_key], body)
@@ -181,14 +212,21 @@ class RedisStore(Store):
     async def _update_run(self, identity: str, response_id: str, mutate: Mutation) -> pb.RunStatusRecord:
         snap_key, run_key, events_key = _keys(identity, response_id)
 
-        async def body(pipe: Pipeline) -> pb.RunStatusRecord:
+        queued: list[RunWrite] = []  # what earlier attempts of this call sent to EXEC
+
+        async def body(pipe: Pipeline, unsure: bool) -> pb.RunStatusRecord:
             data = await pipe.get(run_key)
             if data is None:
                 raise runs.not_found(identity, response_id)
+            if unsure:
+                for earlier in queued:
+                    if await _holds(pipe, data, events_key, earlier):
+                        return earlier.run.record  # it landed, its reply lost: done, not a conflict
             stored = pb.StoredRun.FromString(data)
             write = mutate(stored, self.clock())  # may raise: nothing queued yet
             if write is None:
                 return stored.record
+            queued.append(write)
             pipe.multi()
             if write.response is not None:
                 pipe.set(snap_key, write.response)

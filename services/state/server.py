@@ -64,6 +64,9 @@ async def _housekeeping(server: grpc.aio.Server, store: Store, interval_s: float
             except ServiceError as e:
                 log.warning("sweep of expired runs failed: %s", e.message)
                 continue
+            except Exception:  # e.g. a malformed lease index entry: the next sweep must still run
+                log.exception("sweep of expired runs failed")
+                continue
             for record in failed:
                 log.warning("run %s failed: its owner %s lost its lease", record.key.response_id, record.owner)
     finally:

@@ -5,6 +5,7 @@ ALREADY_EXISTS/ABORTED with CONFLICT, UNAVAILABLE/STORE_UNAVAILABLE). Handlers o
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import TypeVar
@@ -21,6 +22,9 @@ T = TypeVar("T")
 MAX_KEY_PART = 512  # bytes of an identity or id: keys stay small
 DEFAULT_PAGE, MAX_PAGE = 20, 100
 DEFAULT_EXPIRE_LIMIT = 100
+# The longest owner lease: a lease is how long a silent owner is trusted (the gateway renews a
+# 10 s lease every 3 s), not a way to keep a run unfinished for good.
+MAX_LEASE_S = 3600.0
 
 
 def _bad(violations: list[tuple[str, str]]) -> None:
@@ -67,6 +71,18 @@ def _status_violations(status: int, path: str, allowed: frozenset[int]) -> list[
 def _expected_violations(expected: list[int]) -> list[tuple[str, str]]:
     valid = runs.ACTIVE | runs.FINISHED
     return [(f"expected[{i}]", "not a run status") for i, s in enumerate(expected) if s not in valid]
+
+
+def _lease_s_violations(lease_s: float, *, required: bool) -> list[tuple[str, str]]:
+    """Finite, not negative (positive where required), at most MAX_LEASE_S. NaN compares false
+    with every lease end: a NaN lease would never expire, and neither would an infinite one."""
+    if not math.isfinite(lease_s):
+        return [("lease_s", f"must be a finite number of seconds, not {lease_s!r}")]
+    if lease_s < 0 or (required and lease_s == 0):
+        return [("lease_s", "must be positive" if required else "must not be negative")]
+    if lease_s > MAX_LEASE_S:
+        return [("lease_s", f"must be at most {MAX_LEASE_S:g} seconds")]
+    return []
 
 
 def _found(value: T | None, identity: str, response_id: str) -> T:
@@ -133,8 +149,7 @@ class StateServicer(state_pb2_grpc.StateServicer):
         violations = _key_violations(request.key, "key")
         violations += _status_violations(request.status, "status", runs.ACTIVE | runs.FINISHED)
         violations += _expected_violations(list(request.expected))
-        if request.lease_s < 0:
-            violations.append(("lease_s", "must not be negative"))
+        violations += _lease_s_violations(request.lease_s, required=False)
         _bad(violations)
         return await self.store.set_run_status(request.key.identity, request.key.response_id, request.status,
                                                request.expected, request.owner, request.lease_s)
@@ -170,9 +185,7 @@ class StateServicer(state_pb2_grpc.StateServicer):
 
     @staticmethod
     def _lease_violations(owner: str, lease_s: float, *, required: bool) -> list[tuple[str, str]]:
-        out = []
-        if lease_s < 0 or (required and lease_s == 0):
-            out.append(("lease_s", "must be positive" if required else "must not be negative"))
+        out = _lease_s_violations(lease_s, required=required)
         if (required or lease_s > 0) and not owner:
             out.append(("owner", "required with a lease"))
         return out

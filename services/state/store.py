@@ -13,6 +13,7 @@ and the event follow loop are written once, here, on top of them.
 from __future__ import annotations
 
 import abc
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from mship.state.v1 import state_pb2 as pb
 from services.common.errors import Reason, ServiceError
 from services.state import runs
 
+log = logging.getLogger(__name__)
 EVENT_BATCH = 256  # events per backend read while replaying
 # How long a stored response (its snapshot, run and event log) is kept after its last write, as
 # OpenAI keeps responses: 30 days. 0 keeps them until deleted. Operators set it: MSHIP_STATE_RETENTION_S.
@@ -190,7 +192,9 @@ class Store(abc.ABC):
         return await self._update_run(identity, response_id, mutate)
 
     async def expire_runs(self, limit: int = 100) -> list[pb.RunStatusRecord]:
-        """The sweep: every unfinished run past its lease -> FAILED. Returns those it failed."""
+        """The sweep: every unfinished run past its lease -> FAILED. Returns those it failed.
+        One run it cannot expire (e.g. a record it cannot read) is logged and skipped: it must not
+        keep the others unswept. A store found unavailable ends the sweep (the next one retries)."""
         failed = []
         for identity, response_id in await self._expired_candidates(self.clock(), limit):
             try:
@@ -198,7 +202,13 @@ class Store(abc.ABC):
             except ServiceError as e:
                 if e.code == grpc.StatusCode.NOT_FOUND:
                     continue  # deleted meanwhile
-                raise
+                if e.code == grpc.StatusCode.UNAVAILABLE:
+                    raise  # the store, not this run: the rest would only wait out the same outage
+                log.warning("the sweep skipped run %r of %r: %s", response_id, identity, e.message)
+                continue
+            except Exception:
+                log.exception("the sweep skipped run %r of %r", response_id, identity)
+                continue
             if after.status == pb.RUN_STATUS_FAILED and after.detail == runs.LEASE_EXPIRED:
                 failed.append(after)
         return failed

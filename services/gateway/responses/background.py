@@ -50,6 +50,7 @@ class BackgroundRuns:
     def __init__(self, table: RouteTable, state: StateClient, owner: str) -> None:
         self.table, self.state, self.owner = table, state, owner
         self.tasks: dict[str, asyncio.Task] = {}
+        self.cleanups: set[asyncio.Task] = set()  # deletions of runs that did not start
 
     async def start(self, run: Turn) -> dict[str, Any]:
         """Record the run as queued (answered at once), then work on it in a task."""
@@ -61,10 +62,30 @@ class BackgroundRuns:
         await self.state.create_run(run.snapshot(encoder.response), owner=self.owner, lease_s=LEASE_S,
                                     failure_event_json=json.dumps({"type": "response.failed", "sequence_number": 0,
                                                                    "response": failed}))
-        await self.state.append_events(run.identity, encoder.id, [log_event(e) for e in queued], owner=self.owner)
+        try:
+            await self.state.append_events(run.identity, encoder.id, [log_event(e) for e in queued],
+                                           owner=self.owner)
+        except BaseException:  # its client gets an error and no id: leave no queued run behind
+            self._discard(run.identity, encoder.id)
+            raise
         self.tasks[encoder.id] = asyncio.get_running_loop().create_task(self._run(run))
         self.tasks[encoder.id].add_done_callback(lambda _: self.tasks.pop(encoder.id, None))
         return encoder.response
+
+    def _discard(self, identity: str, rid: str) -> None:
+        """Delete a run whose start failed, best effort (failing that, its lease fails it), in a
+        task of its own: a cancelled start (its client gone) still deletes it, and the error the
+        client gets does not wait for the deletion."""
+        cleanup = asyncio.get_running_loop().create_task(self._delete(identity, rid))
+        self.cleanups.add(cleanup)
+        cleanup.add_done_callback(self.cleanups.discard)
+
+    async def _delete(self, identity: str, rid: str) -> None:
+        try:
+            await self.state.delete_response(identity, rid)
+        except StateError as e:
+            log.warning("background response %s did not start and could not be deleted (its lease will fail it): %s",
+                        rid, e)
 
     async def _run(self, run: Turn) -> None:
         encoder, rid = run.encoder, run.encoder.id
