@@ -119,6 +119,14 @@ def test_missing_model_and_input():
     assert parse_response_request({"model": "m", "previous_response_id": "resp_1"}).input_items == []
 
 
+@pytest.mark.parametrize("parse", [parse_response_request, parse_compact_request])
+@pytest.mark.parametrize("extra", [{}, {"input": None}])
+def test_an_empty_previous_response_id_is_400(parse, extra):
+    """Once accepted and echoed as "": a response that continues nothing, naming nothing."""
+    err = refused(parse, {**body(), "previous_response_id": "", **extra})
+    assert err.param == "previous_response_id" and "empty string" in err.message, err.message
+
+
 @pytest.mark.parametrize(("extra", "param", "words"), [
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_url": "u"}]}]},
      "input[0].content[0].type", "File input"),

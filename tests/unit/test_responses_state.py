@@ -128,6 +128,14 @@ async def test_a_conversation_too_large_to_store_is_refused_before_engine_work(r
     assert r.status_code == 200, r.text
 
 
+async def test_an_input_items_cursor_naming_no_item_says_which(responses, workers, client):
+    """Once: 400 "The request names something the response store cannot hold.", for any cursor."""
+    rid = (await create(client, input="hi")).json()["id"]
+    r = await client.get(f"/v1/responses/{rid}/input_items", params={"after": "msg_nope"})
+    assert error_of(r) == (400, "after", None), r.text
+    assert "no input item 'msg_nope' in this response" in r.json()["error"]["message"]
+
+
 def test_a_snapshot_over_the_message_limit_is_413_not_500():
     err = conversation.store_error(StateError(ErrorDetails(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                                            "Sent message larger than max")))

@@ -20,9 +20,10 @@ from typing import Any
 
 from mship.state.v1 import state_pb2 as spb
 from services.common.routes import RouteTable
-from services.gateway.generation import cancel_everywhere, open_generation
+from services.gateway.generation import cancel_everywhere
 from services.gateway.protocol_common.openai_error import OpenAIError
 from services.gateway.responses.mcp_loop import opener, run_mcp_turn
+from services.gateway.responses.truncation import open_fitting
 from services.gateway.responses.turns import Events, Turn, run_turn
 from services.state.client import Conflict, StateClient, StateError
 
@@ -116,8 +117,7 @@ class BackgroundRuns:
         if run.runs_tools:  # the MCP tool loop opens its own generations
             return run_mcp_turn(run, opener(self.table, run), finish, before_call=partial(self._still_running, run))
         try:
-            generation = await open_generation(self.table, run.req.model, run.infer, input_param="input",
-                                               ticket=run.ticket, identity=run.identity)
+            generation = await open_fitting(self.table, run, run.infer, run.ticket)  # (truncation "auto")
         except OpenAIError as e:
             await self._finish(run, run.encoder.error_out(e))
             return _nothing()

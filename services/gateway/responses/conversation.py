@@ -127,11 +127,14 @@ async def load_history(state: StateClient, identity: str, previous_id: str | Non
 
 
 def snapshot_of(identity: str, response: dict[str, Any], history: Sequence[dict[str, Any]],
-                input_items: Sequence[dict[str, Any]], previous_id: str | None) -> spb.StoredResponse:
-    """The stored form of a response: its object, and the conversation it ends."""
+                input_items: Sequence[dict[str, Any]], previous_id: str | None,
+                context: Sequence[dict[str, Any]] | None = None) -> spb.StoredResponse:
+    """The stored form of a response: its object, and the conversation it ends: `context` (what
+    the model was shown, when truncation left items out), else the history and the input items."""
     output = list(response.get("output", []))
+    shown = [*history, *input_items] if context is None else list(context)
     return spb.StoredResponse(
         key=spb.ResponseKey(identity=identity, response_id=response["id"]), previous_response_id=previous_id or "",
-        response_json=json.dumps(response), conversation_json=json.dumps([*history, *input_items, *output]),
+        response_json=json.dumps(response), conversation_json=json.dumps([*shown, *output]),
         input_items=[spb.InputItem(id=item["id"], item_json=json.dumps(item)) for item in input_items],
         created_at=response.get("created_at") or time.time())

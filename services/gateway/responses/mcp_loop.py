@@ -20,12 +20,13 @@ from mship.worker.v1 import worker_pb2 as pb
 from services.common.infer import UpstreamError
 from services.common.routes import RouteTable
 from services.gateway.admission.admission import FREE
-from services.gateway.generation import Generation, open_generation
+from services.gateway.generation import Generation
 from services.gateway.mcp.egress import EgressRefused
 from services.gateway.mcp.tools import McpServerSpec, ToolDirectory
 from services.gateway.protocol_common.openai_error import OpenAIError
 from services.gateway.responses.protocol_items import to_messages
 from services.gateway.responses.protocol_mcp_events import McpItem, McpStreamEncoder
+from services.gateway.responses.truncation import open_fitting
 from services.gateway.responses.turns import Events, Finish, Turn
 
 if TYPE_CHECKING:  # the SDK is imported with the first MCP request: it imports OpenTelemetry, which a
@@ -42,8 +43,8 @@ def opener(table: RouteTable, turn: Turn) -> OpenGeneration:
     """The turn's generations: the first one settles the request's admission, the later ones
     (continuations with tool results) run under it."""
     async def open_(infer: pb.InferRequest, first: bool) -> Generation:
-        return await open_generation(table, turn.req.model, infer, input_param="input",
-                                     ticket=turn.ticket if first else FREE, identity=turn.identity)
+        return await open_fitting(table, turn, infer, turn.ticket if first else FREE,
+                                  output=turn.encoder.response["output"])
     return open_
 
 
@@ -174,8 +175,7 @@ def _set_chat(infer: pb.InferRequest, turn: Turn, encoder: McpStreamEncoder, too
     """The next generation's request: the conversation with this response's output so far, and
     the function tools plus (while offered) the MCP servers' tools."""
     if encoder.items:  # approved calls ran, or tools were called: the chat goes on from the output
-        messages = to_messages(turn.req.instructions, turn.history,
-                               [*turn.inputs, *(i for i in encoder.response["output"])])
+        messages = to_messages(turn.req.instructions, turn.context, encoder.response["output"])
         del infer.chat.messages[:]
         infer.chat.messages.extend(messages)
     del infer.tools[len(turn.infer.tools):]

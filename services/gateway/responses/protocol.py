@@ -170,6 +170,9 @@ class _Inputs(WireModel):
 
     @model_validator(mode="after")
     def _check_input(self) -> _Inputs:
+        if self.previous_response_id == "":  # OpenAI refuses it; echoed, it would name no response
+            raise invalid("previous_response_id", "Invalid 'previous_response_id': empty string. Expected a "
+                          "string with minimum length 1, but got an empty string instead.", "")
         if self.input is None and self.previous_response_id is None:
             raise validation.missing("input")
         self._check_item_ids()

@@ -12,11 +12,13 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
+
 from mship.state.v1 import state_pb2 as spb
 from services.common.routes import RouteTable
 from services.gateway.admission.admission import Admission
 from services.gateway.edge.answer import Guard, unguarded
-from services.gateway.generation import Generation, check_routed, open_generation
+from services.gateway.generation import Generation, check_routed
 from services.gateway.identity import Caller, cache_salt_for
 from services.gateway.protocol_common.images import check_image_input
 from services.gateway.protocol_common.openai_error import OpenAIError, internal_error
@@ -35,6 +37,7 @@ from services.gateway.responses.protocol import to_infer_request as infer_reques
 from services.gateway.responses.protocol_events import ResponseStreamEncoder, error_event
 from services.gateway.responses.protocol_items import check_call_ids, to_messages
 from services.gateway.responses.protocol_mcp_events import McpStreamEncoder
+from services.gateway.responses.truncation import open_fitting
 from services.gateway.responses.turns import EventBatches, Events, Finish, Turn, run_turn
 from services.state.client import Conflict, NotFound, StateClient, StateError
 
@@ -80,8 +83,7 @@ class ResponsesServing:
         return Turn(req, identity, history, stored_inputs, encoder, infer, ticket)
 
     async def open(self, turn: Turn) -> Generation:
-        return await open_generation(self.table, turn.req.model, turn.infer, input_param="input",
-                                     ticket=turn.ticket, identity=turn.identity)
+        return await open_fitting(self.table, turn, turn.infer, turn.ticket)
 
     def events(self, turn: Turn, generation: Generation | None, finish: Finish,
                opening: Events | None = None) -> AsyncIterator[Events]:
@@ -240,6 +242,10 @@ class ResponsesServing:
         except NotFound:
             raise not_found(response_id) from None
         except StateError as e:
+            # a cursor naming no item of this response: the store's own reason says so (which id)
+            cursor = dict(e.details.field_violations).get("after")
+            if e.details.code == grpc.StatusCode.INVALID_ARGUMENT and cursor:
+                raise OpenAIError(400, f"Invalid 'after': {cursor}.", param="after") from e
             raise store_error(e) from e
         return {"object": "list", "data": [json.loads(i.item_json) for i in page.data],
                 "first_id": page.first_id or None, "last_id": page.last_id or None, "has_more": page.has_more}

@@ -5,7 +5,7 @@ or not), WebSocket turns, background runs and compaction alike."""
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mship.state.v1 import state_pb2 as spb
@@ -35,9 +35,19 @@ class Turn:
     encoder: ResponseStreamEncoder
     infer: pb.InferRequest
     ticket: Ticket = FREE  # its admission (the token reservation its generation settles)
+    # truncation "auto": the items of history + inputs (their indices) the model is not shown
+    dropped: set[int] = field(default_factory=set)
 
     def snapshot(self, response: dict[str, Any]) -> spb.StoredResponse:
-        return snapshot_of(self.identity, response, self.history, self.inputs, self.req.previous_response_id)
+        return snapshot_of(self.identity, response, self.history, self.inputs, self.req.previous_response_id,
+                           context=self.context if self.dropped else None)
+
+    @property
+    def context(self) -> list[dict[str, Any]]:
+        """The conversation the model is shown: the history, then this turn's input, less what
+        truncation left out (see truncation.py)."""
+        items = [*self.history, *self.inputs]
+        return [item for i, item in enumerate(items) if i not in self.dropped] if self.dropped else items
 
     @property
     def runs_tools(self) -> bool:
@@ -46,7 +56,7 @@ class Turn:
 
     @property
     def conversation(self) -> list[dict[str, Any]]:
-        return [*self.history, *self.inputs, *self.encoder.response["output"]]
+        return [*self.context, *self.encoder.response["output"]]
 
 
 async def run_turn(encoder: ResponseStreamEncoder, generation: Generation, finish: Finish,
