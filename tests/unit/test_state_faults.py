@@ -277,21 +277,20 @@ async def test_a_lease_no_clock_can_end_is_refused_naming_the_field(lease_s: flo
 async def test_a_sweep_that_raises_unexpectedly_does_not_end_the_sweeps():
     from services.state.server import serve_store
 
-    store, sweeps = MemoryStore(), []
+    store, sweeps, third = MemoryStore(), [], asyncio.Event()
 
     async def expire_runs(*args: Any, **kwargs: Any) -> list[pb.RunStatusRecord]:
         sweeps.append(1)
         if len(sweeps) == 1:
             raise ValueError("a malformed lease index entry")
+        if len(sweeps) == 3:
+            third.set()
         return []
 
     store.expire_runs = expire_runs  # type: ignore[method-assign]
     server, _ = await serve_store(store, "127.0.0.1", 0, sweep_interval_s=0.01)
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5
-        while len(sweeps) < 3 and loop.time() < deadline:
-            await asyncio.sleep(0.01)
-        assert len(sweeps) >= 3 and not server.mship_housekeeping.done()
+        await asyncio.wait_for(third.wait(), 5)  # sweeps went on after the one that raised
+        assert not server.mship_housekeeping.done()
     finally:
         await server.stop(0)
