@@ -6,21 +6,15 @@ messages) is checked against the saved Open Responses schema (tests/openresponse
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from services.gateway.responses.compaction import CompactionCodec
-from services.gateway.responses.router import enable_responses
-from services.gateway.responses.serving import ResponsesServing
-from services.state.client import StateClient
-from services.state.deployment import start_state_server
 from tests.helpers import until
 from tests.openresponses import check_compaction, check_events, check_response, check_socket_turn
-from tests.unit.gateway_harness import MODEL, Gateway
+from tests.unit.gateway_harness import MODEL
 
 pytest_plugins = ("tests.unit.gateway_fixtures",)  # its fixtures: gateway, workers, client
 pytestmark = pytest.mark.timeout(60)
@@ -30,21 +24,6 @@ TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 @pytest.fixture
 def max_model_len() -> int:
     return 1024  # compaction asks for a 256-token summary
-
-
-@pytest.fixture(scope="module")
-async def responses(gateway: Gateway) -> AsyncIterator[ResponsesServing]:
-    """The Responses API enabled on the module's gateway, over a memory state service."""
-    server, port = await start_state_server("memory://", "127.0.0.1", 0, sweep_interval_s=None)
-
-    def enable() -> ResponsesServing:  # on the server's loop: the state client's channel lives there
-        serving = ResponsesServing(gateway.table, StateClient(f"127.0.0.1:{port}"), "gw-test", CompactionCodec())
-        enable_responses(gateway.app, serving)
-        return serving
-    serving = await gateway.on_loop(enable)
-    yield serving
-    await gateway.on_loop(lambda: enable_responses(gateway.app, None))
-    await server.stop(0)
 
 
 async def create(client: httpx.AsyncClient, **body: Any) -> httpx.Response:

@@ -14,11 +14,6 @@ import pytest
 from websockets.asyncio.client import connect
 
 from services.gateway.edge.json_response import encode_json
-from services.gateway.responses.compaction import CompactionCodec
-from services.gateway.responses.router import enable_responses
-from services.gateway.responses.serving import ResponsesServing
-from services.state.client import StateClient
-from services.state.deployment import start_state_server
 from tests.unit.gateway_harness import MODEL, Gateway
 
 pytest_plugins = ("tests.unit.gateway_fixtures",)  # its fixtures: workers, client
@@ -68,20 +63,6 @@ async def gateway() -> AsyncIterator[Gateway]:
     gw = Gateway(max_body_bytes=2**20)
     yield gw
     await gw.stop()
-
-
-@pytest.fixture(scope="module")
-async def responses(gateway: Gateway) -> AsyncIterator[ResponsesServing]:
-    server, port = await start_state_server("memory://", "127.0.0.1", 0, sweep_interval_s=None)
-
-    def enable() -> ResponsesServing:  # on the server's loop: the state client's channel lives there
-        serving = ResponsesServing(gateway.table, StateClient(f"127.0.0.1:{port}"), "gw-test", CompactionCodec())
-        enable_responses(gateway.app, serving)
-        return serving
-    serving = await gateway.on_loop(enable)
-    yield serving
-    await gateway.on_loop(lambda: enable_responses(gateway.app, None))
-    await server.stop(0)
 
 
 async def test_echoed_json_orjson_refuses_is_answered_whole(responses, workers, client, gateway):

@@ -6,43 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
 from services.gateway.admission.admission import Ticket
-from services.gateway.responses.compaction import CompactionCodec
 from services.gateway.responses.conversation import item_dict
 from services.gateway.responses.protocol import parse_response_request, to_infer_request
 from services.gateway.responses.protocol_events import ResponseStreamEncoder
 from services.gateway.responses.protocol_items import to_messages
-from services.gateway.responses.router import enable_responses
-from services.gateway.responses.serving import ResponsesServing
 from services.gateway.responses.truncation import open_fitting
 from services.gateway.responses.turns import Turn
-from services.state.client import StateClient
-from services.state.deployment import start_state_server
 from tests.engine_double import ServedWorker
-from tests.unit.gateway_harness import MODEL, Gateway
+from tests.unit.gateway_harness import MODEL
 
 pytest_plugins = ("tests.unit.gateway_fixtures",)  # its fixtures: gateway, workers (64-token context), client
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-async def responses(gateway: Gateway) -> AsyncIterator[ResponsesServing]:
-    server, port = await start_state_server("memory://", "127.0.0.1", 0, sweep_interval_s=None)
-
-    def enable() -> ResponsesServing:  # on the server's loop: the state client's channel lives there
-        serving = ResponsesServing(gateway.table, StateClient(f"127.0.0.1:{port}"), "gw-test", CompactionCodec())
-        enable_responses(gateway.app, serving)
-        return serving
-    serving = await gateway.on_loop(enable)
-    yield serving
-    await gateway.on_loop(lambda: enable_responses(gateway.app, None))
-    await server.stop(0)
 
 
 def words(tag: str, n: int) -> str:
