@@ -20,7 +20,7 @@ def check_deploy(request: pb.DeployRequest) -> None:
     names = [spec.name for spec in request.models]
     if len(set(names)) != len(names):
         raise invalid_parameter("models", "model names must be distinct")
-    if not request.models and request.mode != pb.DEPLOY_MODE_RECONCILE:
+    if not request.models and request.mode != pb.DEPLOY_MODE_RECONCILE and not request.use_committed:
         raise invalid_parameter("models", "an additive deploy needs at least one model")
     if request.HasField("drain_timeout_s") and not _non_negative(request.drain_timeout_s):
         raise invalid_parameter("drain_timeout_s", "drain_timeout_s must be a number >= 0 (0: no drain)")

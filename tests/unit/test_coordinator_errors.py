@@ -163,3 +163,9 @@ async def test_a_lease_ttl_that_never_or_already_expires_is_refused(coordinator,
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     renewed = await coordinator.RenewLease(pb.RenewLeaseRequest(lease_id=lease.lease_id), timeout=5)
     assert renewed.granted and renewed.expires_at > lease.expires_at - 1
+
+
+async def test_a_self_heal_deploy_reconciles_whatever_mode_it_names(coordinator):
+    request = pb.DeployRequest(use_committed=True, mode=pb.DEPLOY_MODE_ADDITIVE)  # (reconcile is implied)
+    states = [e.state async for e in coordinator.Deploy(request, timeout=5)]
+    assert states[-1] == pb.DEPLOY_STATE_SUCCEEDED
