@@ -39,6 +39,8 @@ from services.common.vocabulary import ENV_COORDINATOR, ENV_RAY_AUTH_TOKEN, LOAD
 
 DEFAULT_COORDINATOR = "127.0.0.1:50051"
 STOP_MARGIN_S = 15.0  # `mship stop` waits the platform's --stop-timeout and this: its forced path, its exit
+ANSWER_TIMEOUT_S = 10.0  # `deploy --status`, and a deploy not followed: the coordinator answers at once
+CANCEL_TIMEOUT_S = 150.0  # `deploy --cancel`: the coordinator waits up to 120 s for the deploy to go back
 STATE_NAMES = {v: k.removeprefix("DEPLOY_STATE_").lower() for k, v in pb.DeployState.items()}
 PHASE_NAMES = {v: k.removeprefix("MODEL_PHASE_").lower() for k, v in pb.ModelPhase.items()}
 
@@ -99,7 +101,8 @@ def deploy(args: argparse.Namespace, stub: coordinator_pb2_grpc.CoordinatorStub,
     # Unset: the coordinator's default; 0 is no drain. ConfigError before anything is sent.
     if (drain := node_commands.drain_seconds(getattr(args, "drain_timeout", None))) is not None:
         request.drain_timeout_s = drain
-    stream = stub.Deploy(request, wait_for_ready=False)
+    # Not followed (no --wait): only its first event is waited for, which the coordinator sends at once.
+    stream = stub.Deploy(request, wait_for_ready=False, timeout=None if args.wait else ANSWER_TIMEOUT_S)
     if args.wait and not getattr(args, "stop_following", True):
         try:
             return follow_deploy(stream)
@@ -120,7 +123,14 @@ def deploy(args: argparse.Namespace, stub: coordinator_pb2_grpc.CoordinatorStub,
         # SIGTERM is a supervisor's (a Kubernetes Job's pod evicted): not a finished deploy, and a
         # retry re-attaches (exit 3, as for an unreachable coordinator); Ctrl-C is a person's choice
         return EXIT_UNREACHABLE if stop.signum == signal.SIGTERM else EXIT_OK
-    first = next(iter(stream))
+    with StopFollowing(stream) as stop:
+        try:
+            first = next(iter(stream))
+        except grpc.RpcError:
+            if stop.signum is None:
+                raise
+            print(f"mship: stopped waiting{_goes_on(args)}", file=sys.stderr)
+            return EXIT_UNREACHABLE if stop.signum == signal.SIGTERM else EXIT_OK
     stream.cancel()
     print(f"deploy {first.deploy_id} started" + (f" ({first.message})" if first.message else "") +
           f"; follow it with: mship deploy --status {first.deploy_id}")
@@ -159,14 +169,24 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     try:
         if args.cancel or args.status:
             request_id = args.cancel or args.status
-            d = (stub.CancelDeploy(pb.CancelDeployRequest(deploy_id=request_id)) if args.cancel
-                 else stub.GetDeployment(pb.GetDeploymentRequest(deploy_id=request_id)))
+            d = (stub.CancelDeploy(pb.CancelDeployRequest(deploy_id=request_id), timeout=CANCEL_TIMEOUT_S)
+                 if args.cancel else
+                 stub.GetDeployment(pb.GetDeploymentRequest(deploy_id=request_id), timeout=ANSWER_TIMEOUT_S))
             print(f"deploy {d.deploy_id}: {STATE_NAMES[d.state]}" + (f" ({d.error})" if d.error else ""))
             for m in d.models:
                 print(f"  {m.name:<24} {PHASE_NAMES[m.phase]:<10} version {m.version} {m.reason}")
             return EXIT_OK
         return deploy(args, stub, models)
+    except KeyboardInterrupt:  # Ctrl-C in --status/--cancel's blocking call (raised between gRPC's waits,
+        # nothing held), or before a deploy stream's StopFollowing is in place
+        print(f"mship: stopped waiting{_goes_on(args)}", file=sys.stderr)
+        return EXIT_OK
     except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not args.wait:  # (--wait has no deadline)
+            waited = CANCEL_TIMEOUT_S if args.cancel else ANSWER_TIMEOUT_S
+            print(f"mship: the coordinator at {args.coordinator} did not answer within {waited:g}s{_goes_on(args)}",
+                  file=sys.stderr)
+            return EXIT_UNREACHABLE
         if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                         grpc.StatusCode.UNAUTHENTICATED):
             return _rpc_failure(args, e)
@@ -174,6 +194,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         return EXIT_BAD_CONFIG if e.code() == grpc.StatusCode.INVALID_ARGUMENT else EXIT_DEPLOY_FAILED
     finally:
         channel.close()
+
+
+def _goes_on(args: argparse.Namespace) -> str:
+    """What a `mship deploy` that stopped waiting for the coordinator's answer leaves going on."""
+    if args.cancel:
+        return f"; a cancel the coordinator received goes on (mship deploy --status {args.cancel})"
+    return "" if args.status else "; a deploy the coordinator received goes on (see `mship status`)"
 
 
 def cmd_models(args: argparse.Namespace, verbose: bool = False) -> int:

@@ -13,11 +13,17 @@ Replica choice is prefix affinity by default (calls that share a system prompt o
 first message go to the replica whose prefix cache holds it, while it is not much busier than the
 others); `picker=LeastOutstanding()` turns it off. `cache_salt` keeps one caller's prefix cache
 apart from another's, as the gateway does per identity.
+
+`async with` waits up to `ready_timeout_s` for the first routing table, retrying a coordinator it
+cannot reach; a refusal no retry changes (a wrong or missing token, an address that is not the
+coordinator's) is an MshipError at once. However the wait ends (the caller's own cancel or
+deadline included), a client that did not enter leaves no routing watch behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -27,12 +33,17 @@ from typing import Any
 import grpc
 
 from mship.worker.v1 import worker_pb2 as pb
+from services.common.auth import platform_token
 from services.common.errors import ErrorDetails
 from services.common.infer import UpstreamError, call_unary, open_infer
 from services.common.picker import PrefixAffinity, ReplicaPicker
 from services.common.routes import RouteTable, RoutingWatcher
+from services.common.vocabulary import ENV_RAY_AUTH_TOKEN
 
 SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
+# What a coordinator answers a routing watch with that no retry changes: a token refused, or an
+# address that serves another service (e.g. the state port: UNIMPLEMENTED).
+REFUSED = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED}
 
 
 class MshipError(Exception):
@@ -63,10 +74,40 @@ def _messages(messages: list[dict[str, Any]]) -> list[pb.ChatMessage]:
     return out
 
 
+async def routed(watcher: RoutingWatcher) -> None:
+    """Wait for the watch's first routing table; MshipError as soon as the coordinator refuses the
+    watch in a way no retry changes (the watch itself goes on retrying anything else)."""
+    received = watcher.table.received
+    while not received.is_set():
+        waits = [asyncio.ensure_future(event.wait()) for event in (received, watcher.broke)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        watcher.broke.clear()
+        err = watcher.last_error
+        if not received.is_set() and err is not None and err.code() in REFUSED:
+            raise MshipError(_refused(watcher, err))
+
+
+def _refused(watcher: RoutingWatcher, err: grpc.aio.AioRpcError) -> ErrorDetails:
+    details = ErrorDetails.from_rpc_error(err)
+    if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+        why = (f"{watcher.coordinator} does not serve the coordinator's API: pass the coordinator's "
+               "address (its --coordinator-port, default 50051), not the state or HTTP port")
+    else:
+        given = "a wrong token" if watcher.table.token or platform_token() else "no token"
+        why = (f"the coordinator at {watcher.coordinator} refused {given}: pass token= (or set "
+               f"{ENV_RAY_AUTH_TOKEN}) to the cluster token")
+    return dataclasses.replace(details, message=f"{why} ({details.message})" if details.message else why)
+
+
 class MshipClient:
     def __init__(self, coordinator: str, *, token: str | None = None, ready_timeout_s: float = 30.0,
                  picker: ReplicaPicker | None = None) -> None:
-        """`token`: the cluster token when the platform has auth on (default: MSHIP_RAY_AUTH_TOKEN)."""
+        """`token`: the cluster token when the platform has auth on (default: MSHIP_RAY_AUTH_TOKEN).
+        `ready_timeout_s`: how long `async with` waits for the first routing table."""
         self.table = RouteTable(picker or PrefixAffinity(), token=token)
         self._watcher = RoutingWatcher(coordinator, self.table, f"client-{uuid.uuid4().hex[:8]}")
         self._ready_timeout_s = ready_timeout_s
@@ -74,9 +115,12 @@ class MshipClient:
     async def __aenter__(self) -> MshipClient:
         self._watcher.start()
         try:
-            await asyncio.wait_for(self.table.received.wait(), self._ready_timeout_s)
-        except TimeoutError:
-            await self._watcher.stop()
+            async with asyncio.timeout(self._ready_timeout_s):  # (3.11's wait_for can lose a cancel)
+                await routed(self._watcher)
+        except BaseException as e:  # that deadline, a refusal, or the caller's cancel or deadline
+            await self._watcher.stop()  # no watch left reconnecting for a client never entered
+            if not isinstance(e, TimeoutError):
+                raise
             err = self._watcher.last_error
             raise MshipError(ErrorDetails.from_rpc_error(err) if err is not None else ErrorDetails(
                 grpc.StatusCode.DEADLINE_EXCEEDED, f"no routing table within {self._ready_timeout_s}s")) from None
@@ -135,13 +179,15 @@ class MshipClient:
                              "cached_tokens": u.cached_tokens}
         return out
 
-    async def embed(self, model: str, inputs: list[str]) -> list[list[float]]:
+    async def embed(self, model: str, inputs: list[str], *, timeout_s: float | None = None) -> list[list[float]]:
+        """One vector per input. `timeout_s`: the call's deadline, as for `stream_chat` (None: none)."""
         if model not in self.table.routes:
             raise MshipError(ErrorDetails(grpc.StatusCode.NOT_FOUND, f"model {model!r} is not served",
                                           reason="MODEL_NOT_FOUND"))
         request = pb.EmbedRequest(request_id=uuid.uuid4().hex, model=model, inputs=inputs)
         try:
-            reply = await call_unary(self.table, model, lambda endpoint: endpoint.stub.Embed(request))
+            reply = await call_unary(self.table, model,
+                                     lambda endpoint: endpoint.stub.Embed(request, timeout=timeout_s))
         except UpstreamError as e:
             raise MshipError(e.details) from e
         return [list(e.values) for e in reply.embeddings]

@@ -242,6 +242,7 @@ class RoutingWatcher:
         self.table = table
         self.subscriber_id = subscriber_id
         self.last_error: grpc.aio.AioRpcError | None = None  # why the watch last broke (callers report it)
+        self.broke = asyncio.Event()  # set each time the watch breaks with an error (last_error); callers clear it
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -271,6 +272,7 @@ class RoutingWatcher:
                             self.table.apply(update.snapshot)
                 except grpc.aio.AioRpcError as e:
                     self.last_error = e
+                    self.broke.set()
                     log.info("routing watch broke (%s); keeping version %d", e.code().name, self.table.version)
                 except TimeoutError:  # a new channel: the old one's connection is dead without knowing it
                     log.warning("routing watch silent for %.0f s; watching again on a new connection, "

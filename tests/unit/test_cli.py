@@ -1,11 +1,15 @@
 """The `mship` CLI process against a stand-in coordinator (a real grpc.aio server in the test):
-an operator who interrupts `mship deploy --wait` stops following; the deploy is left running."""
+an operator who interrupts `mship deploy --wait` stops following; the deploy is left running. A
+coordinator that does not answer `deploy --status/--cancel` or a deploy not followed is given up at
+a deadline, and Ctrl-C there is one line, not a traceback."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -59,13 +63,101 @@ async def test_a_signal_while_following_a_deploy_stops_following_not_the_deploy(
         await server.stop(0)
 
 
+class Unanswering(coordinator_pb2_grpc.CoordinatorServicer):
+    """Takes `deploy --status/--cancel` and a deploy, and answers none of them (a coordinator that
+    hangs; a cancel waiting for its deploy to go back)."""
+
+    def __init__(self) -> None:
+        self.called = asyncio.Event()
+
+    async def _hang(self) -> None:
+        self.called.set()
+        await asyncio.Event().wait()
+
+    async def GetDeployment(self, request, context):
+        await self._hang()
+
+    async def CancelDeploy(self, request, context):
+        await self._hang()
+
+    async def Deploy(self, request, context):
+        await self._hang()
+        yield pb.DeployEvent()
+
+
+NOT_FOLLOWED = {"status": ["--status", "d-7"], "cancel": ["--cancel", "d-7"],
+                "deploy": ["--model", "builtin:tiny-qwen2"]}  # without --wait
+
+
+@pytest.mark.parametrize("command", NOT_FOLLOWED)
+async def test_ctrl_c_while_waiting_for_a_deploy_call_not_followed_is_one_line(command):
+    coordinator = Unanswering()
+    server = grpc.aio.server()
+    coordinator_pb2_grpc.add_CoordinatorServicer_to_server(coordinator, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "clients.cli", "--coordinator", f"127.0.0.1:{port}", "deploy",
+            *NOT_FOLLOWED[command], cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        await asyncio.wait_for(coordinator.called.wait(), 30)  # the CLI waits for the answer
+        cli.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(cli.communicate(), 10)
+        lines = err.decode().splitlines()
+        assert cli.returncode == 0 and len(lines) == 1 and lines[0].startswith("mship: stopped waiting"), err.decode()
+        if command == "cancel":
+            assert "a cancel the coordinator received goes on (mship deploy --status d-7)" in lines[0]
+    finally:
+        await server.stop(0)
+
+
+class UnansweringBlocking(coordinator_pb2_grpc.CoordinatorServicer):
+    """`Unanswering` on a blocking server: holds each call until the caller gives it up (10 s at most,
+    then it answers)."""
+
+    def _hang(self, context: grpc.ServicerContext) -> None:
+        ended = threading.Event()
+        context.add_callback(ended.set)
+        ended.wait(10)
+
+    def GetDeployment(self, request, context):
+        self._hang(context)
+        return pb.Deployment(deploy_id="d-7")
+
+    CancelDeploy = GetDeployment
+
+    def Deploy(self, request, context):
+        self._hang(context)
+        yield pb.DeployEvent(deploy_id="d-7", state=pb.DEPLOY_STATE_RUNNING)
+
+
+@pytest.mark.parametrize("command", NOT_FOLLOWED)
+def test_a_coordinator_that_does_not_answer_a_deploy_call_not_followed_is_given_up(command, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "ANSWER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(cli, "CANCEL_TIMEOUT_S", 1.0)  # (150 s: the coordinator's cancel waits up to 120 s)
+    server = grpc.server(ThreadPoolExecutor(4))
+    coordinator_pb2_grpc.add_CoordinatorServicer_to_server(UnansweringBlocking(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        args = cli.parser().parse_args(["deploy", "--coordinator", f"127.0.0.1:{port}", *NOT_FOLLOWED[command]])
+        code = cli.cmd_deploy(args)
+    finally:
+        server.stop(None)
+    err = capsys.readouterr().err
+    waited = "1s" if command == "cancel" else "0.5s"
+    assert code == 3 and f"the coordinator at 127.0.0.1:{port} did not answer within {waited}" in err, err
+    if command == "cancel":
+        assert "a cancel the coordinator received goes on (mship deploy --status d-7)" in err
+
+
 class RecordingStub:
     """Takes the DeployRequest and answers with one event (a deploy not followed); also the channel."""
 
     def __init__(self) -> None:
         self.requests: list[pb.DeployRequest] = []
 
-    def Deploy(self, request, wait_for_ready=False):
+    def Deploy(self, request, wait_for_ready=False, timeout=None):
         self.requests.append(request)
         return self
 
