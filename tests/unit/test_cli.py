@@ -6,9 +6,11 @@ a deadline, and Ctrl-C there is one line, not a traceback."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import threading
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -38,18 +40,31 @@ class SlowDeploy(coordinator_pb2_grpc.CoordinatorServicer):
             raise
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-async def test_a_signal_while_following_a_deploy_stops_following_not_the_deploy(sig):
-    coordinator = SlowDeploy()
+@contextlib.asynccontextmanager
+async def serving(coordinator: coordinator_pb2_grpc.CoordinatorServicer) -> AsyncIterator[int]:
+    """`coordinator` on a grpc.aio server on 127.0.0.1; its port."""
     server = grpc.aio.server()
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(coordinator, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
-        cli = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "clients.cli", "--coordinator", f"127.0.0.1:{port}", "deploy",
-            "--model", "builtin:tiny-qwen2", "--wait", cwd=ROOT,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        yield port
+    finally:
+        await server.stop(0)
+
+
+async def mship_deploy(port: int, *args: str) -> asyncio.subprocess.Process:
+    """`mship deploy ARGS` against the coordinator on `port`, as a process of its own."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "clients.cli", "--coordinator", f"127.0.0.1:{port}", "deploy", *args, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_a_signal_while_following_a_deploy_stops_following_not_the_deploy(sig):
+    coordinator = SlowDeploy()
+    async with serving(coordinator) as port:
+        cli = await mship_deploy(port, "--model", "builtin:tiny-qwen2", "--wait")
         assert cli.stdout is not None
         line = await asyncio.wait_for(cli.stdout.readline(), 30)
         assert line.decode().strip() == "deploy d-7: running (loading)"  # it is following
@@ -59,8 +74,6 @@ async def test_a_signal_while_following_a_deploy_stops_following_not_the_deploy(
         assert cli.returncode == (3 if sig == signal.SIGTERM else 0), err.decode()
         assert "stopped following; the deploy continues (mship deploy --status d-7)" in err.decode()
         await asyncio.wait_for(coordinator.follower_left.wait(), 5)  # its stream was closed, nothing else
-    finally:
-        await server.stop(0)
 
 
 class Unanswering(coordinator_pb2_grpc.CoordinatorServicer):
@@ -92,14 +105,8 @@ NOT_FOLLOWED = {"status": ["--status", "d-7"], "cancel": ["--cancel", "d-7"],
 @pytest.mark.parametrize("command", NOT_FOLLOWED)
 async def test_ctrl_c_while_waiting_for_a_deploy_call_not_followed_is_one_line(command):
     coordinator = Unanswering()
-    server = grpc.aio.server()
-    coordinator_pb2_grpc.add_CoordinatorServicer_to_server(coordinator, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        cli = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "clients.cli", "--coordinator", f"127.0.0.1:{port}", "deploy",
-            *NOT_FOLLOWED[command], cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with serving(coordinator) as port:
+        cli = await mship_deploy(port, *NOT_FOLLOWED[command])
         await asyncio.wait_for(coordinator.called.wait(), 30)  # the CLI waits for the answer
         cli.send_signal(signal.SIGINT)
         _, err = await asyncio.wait_for(cli.communicate(), 10)
@@ -107,8 +114,6 @@ async def test_ctrl_c_while_waiting_for_a_deploy_call_not_followed_is_one_line(c
         assert cli.returncode == 0 and len(lines) == 1 and lines[0].startswith("mship: stopped waiting"), err.decode()
         if command == "cancel":
             assert "a cancel the coordinator received goes on (mship deploy --status d-7)" in lines[0]
-    finally:
-        await server.stop(0)
 
 
 class UnansweringBlocking(coordinator_pb2_grpc.CoordinatorServicer):
