@@ -323,6 +323,27 @@ def test_deploy_job_is_renamed_when_the_model_set_changes(chart: helm_python.Cha
     assert first == again != other
 
 
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_ray_pods_get_shared_memory_and_an_init(chart: helm_python.Chart, name: str) -> None:
+    """What docker/README.md asks of `docker run` (--shm-size, --init), the pods get: a container's
+    /dev/shm is 64 MiB (Ray's object store falls back to disk, tensor-parallel vLLM's NCCL fails),
+    and `mship` as PID 1 would never reap the orphans of killed engine processes."""
+    for spec in pod_specs(the(render(chart, all_on(VALUE_SETS[name])), "RayCluster")):
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        (shm,) = [m for m in ray_container(spec)["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+        assert volumes[shm["name"]] == {"name": shm["name"], "emptyDir": {"medium": "Memory"}}
+        assert spec["shareProcessNamespace"] is True
+
+
+def test_a_head_only_cluster_renders_a_valid_raycluster(chart: helm_python.Chart, crd_validators: dict) -> None:
+    """No worker groups, the models on the head: the schema allows it, so must the CRD."""
+    values = {"workerGroups": [], "head": {"capabilities": ["llama_cpp"],
+                                           "resources": {"limits": {"cpu": "4", "memory": "8Gi"}}}}
+    cluster = the(render(chart, values), "RayCluster")
+    assert cluster["spec"]["workerGroupSpecs"] == []
+    assert [e.message for e in crd_validators[("ray.io/v1", "RayCluster")].iter_errors(cluster)] == []
+
+
 def group(**overrides: Any) -> dict:
     base = {"name": "g", "replicas": 1, "minReplicas": 0, "maxReplicas": 2, "capabilities": ["vllm"],
             "resources": {"limits": {"cpu": "8", "memory": "32Gi"}}}

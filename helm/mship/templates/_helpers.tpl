@@ -128,6 +128,7 @@ readinessProbe:
 
 {{- define "mship.volumeMounts" -}}
 - {name: cache, mountPath: {{ .Values.cache.mountPath }}}
+- {name: dshm, mountPath: /dev/shm}
 {{- if .Values.gateway.apiKeysSecret }}
 - {name: api-keys, mountPath: /etc/mship/api-keys, readOnly: true}
 {{- end }}
@@ -140,6 +141,11 @@ readinessProbe:
 {{- else }}
   emptyDir: {}
 {{- end }}
+# Ray's object store and vLLM's engine processes (NCCL too) use shared memory: a container's
+# /dev/shm is 64 MiB, with which Ray falls back to disk and tensor-parallel vLLM fails (docker/
+# README.md's --shm-size). In memory: it counts against the container's memory limit.
+- name: dshm
+  emptyDir: {medium: Memory}
 {{- if .Values.gateway.apiKeysSecret }}
 - name: api-keys
   secret: {secretName: {{ .Values.gateway.apiKeysSecret }}}
