@@ -8,9 +8,11 @@
   much of a guess matched (the timing attack a byte-wise `==` on keys allows). Keys are never logged.
 - A trusted header (`MSHIP_TRUSTED_IDENTITY_HEADER=x-user`) names the identity a proxy in front
   authenticated. It is honoured only when configured: where clients reach the gateway directly it
-  would let anyone pick a tenant.
+  would let anyone pick a tenant. Sent more than once, it is refused (401): a proxy that appends
+  its value after the client's must not leave the client's first.
 - With neither, every caller is ANONYMOUS (one identity, one prefix cache, rate-limited per client
-  address); a bearer string is then ignored, not turned into an identity anyone could pick.
+  address, an IPv6 client's /64); a bearer string is then ignored, not turned into an identity
+  anyone could pick.
 
 The identity scopes stored responses and background runs, salts the prefix cache, keys the rate
 limits, and travels to the workers in gRPC metadata (`IDENTITY_METADATA`).
@@ -19,6 +21,7 @@ limits, and travels to the workers in gRPC metadata (`IDENTITY_METADATA`).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 import os
 from dataclasses import dataclass, field
@@ -55,8 +58,22 @@ class Caller:
 
     @property
     def rate_key(self) -> str:
-        """Whose budget a request spends: the identity, or the client address when anonymous."""
-        return f"{ANONYMOUS}@{self.client}" if self.anonymous else self.identity
+        """Whose budget a request spends: the identity, or the client address when anonymous (an
+        IPv6 client's /64: one host holds a whole /64, and a budget per address would be endless)."""
+        return f"{ANONYMOUS}@{client_network(self.client)}" if self.anonymous else self.identity
+
+
+def client_network(host: str) -> str:
+    """An IPv4 address (an IPv4-mapped IPv6 one too) as it is; an IPv6 address as its /64."""
+    if ":" not in host:
+        return host
+    try:
+        address = ipaddress.IPv6Address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.IPv6Network((address, 64), strict=False))
 
 
 def _digest(key: str) -> bytes:
@@ -125,6 +142,11 @@ class Authenticator:
         if self.open:
             return Caller(ANONYMOUS, client, anonymous=True)
         if self.trusted_header and (value := conn.headers.get(self.trusted_header, "").strip()):
+            if len(conn.headers.getlist(self.trusted_header)) > 1:
+                # a proxy that adds its header after the client's (appends, not replaces) would
+                # otherwise let the client's own value, the first one, pick the identity
+                raise OpenAIError(401, f"The identity header {self.trusted_header} was sent more than once.",
+                                  code="invalid_identity")
             if len(value.encode()) > MAX_IDENTITY_BYTES:
                 raise OpenAIError(401, f"The identity header is longer than {MAX_IDENTITY_BYTES} bytes.",
                                   code="invalid_identity")

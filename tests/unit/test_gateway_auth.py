@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -216,3 +217,41 @@ async def test_the_audit_trail_records_each_request_without_contents_unless_aske
 async def test_an_identity_the_store_could_not_key_is_refused(workers, client):
     reply = await client.post("/v1/chat/completions", json=CHAT, headers={"x-user": "u" * 300})
     assert reply.status_code == 401 and reply.json()["error"]["code"] == "invalid_identity"
+
+
+async def test_a_trusted_header_sent_twice_is_refused(workers, client):
+    """A proxy that appends its header after the client's (Envoy's default) must not leave the
+    client's value, the first one, naming the identity."""
+    reply = await client.post("/v1/chat/completions", json=CHAT, headers=[("x-user", "mallory"), ("x-user", "alice")])
+    assert reply.status_code == 401 and reply.json()["error"]["code"] == "invalid_identity"
+
+
+async def test_the_keys_file_caught_mid_write_or_swapped_keeps_its_keys_right(workers, tmp_path, caplog):
+    """Emptied for a moment (an editor or `>` truncating it before writing): the last good keys
+    stay, logged, instead of locking everyone out. Replaced by a file of the same size with the old
+    mtime (`cp -p`, rsync, a rename): the revoked key stops working."""
+    path = tmp_path / "keys"
+    path.write_text("key-b:team-b\n")
+    keys = ApiKeys("", str(path))
+    gw = Gateway(authenticator=Authenticator(keys))
+
+    async def status(key: str) -> int:
+        keys._file.check_now()  # the next request looks at the file (otherwise at most once a second)
+        return (await c.get("/v1/models", headers=bearer(key))).status_code
+
+    try:
+        await gw.route(workers[0].address)
+        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
+            assert await status("key-b") == 200
+            before = path.stat()
+            path.write_text("key-x:team-b\n")  # key-b revoked, key-x in its place: the same size
+            os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+            assert (await status("key-x"), await status("key-b")) == (200, 401)
+            path.write_text("")
+            assert await status("key-x") == 200
+            assert any("keys file" in r.getMessage() and "keeping the last good one" in r.getMessage()
+                       for r in caplog.records)
+            path.write_text("key-y:team-y\n")  # the writer is done: the new table is read
+            assert (await status("key-y"), await status("key-x")) == (200, 401)
+    finally:
+        await gw.stop()

@@ -14,7 +14,9 @@ import pytest
 
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as cpb
+from mship.worker.v1 import worker_pb2 as wpb
 from services.common.routes import RouteTable
+from services.gateway.admission import buckets
 from services.gateway.admission.admission import Admission, duration, estimate_tokens
 from services.gateway.admission.buckets import Bucket, MemoryBuckets
 from services.gateway.admission.overrides import RateLimitOverrides, parse_overrides
@@ -175,3 +177,68 @@ async def test_a_failing_store_admits():
 
     ticket = await Admission(routed_table(rpm=1), Down()).admit(Caller("a"), "m", prompt_bytes=1, max_tokens=1)
     assert not ticket.counts_tokens
+
+
+async def test_each_of_n_choices_reserves_its_max_tokens():
+    """n choices may each use max_tokens: reserving one choice's worth would admit n times the limit
+    at once (the debt settled afterwards comes after the hardware has done the work)."""
+    def request(n: int, max_tokens: int | None = None) -> wpb.InferRequest:
+        return wpb.InferRequest(sampling=wpb.SamplingParams(max_tokens=max_tokens, n=n))
+
+    admission = Admission(routed_table(tpm=1000), MemoryBuckets(FakeClock()))
+    ticket = await admission.admit_generation(Caller("a"), "m", 400, request(4, 100))
+    assert ticket.reserved == estimate_tokens(400) + 4 * 100 == 500
+    with pytest.raises(OpenAIError) as refused:  # 500 left: 100 + 5 x 100 does not fit
+        await admission.admit_generation(Caller("a"), "m", 400, request(5, 100))
+    assert refused.value.status == 429 and refused.value.type == "tokens"
+    roomy = Admission(routed_table(tpm=100_000), MemoryBuckets(FakeClock()))
+    assert (await roomy.admit_generation(Caller("b"), "m", 4, request(2))).reserved == 1 + 2 * 1024  # the default each
+
+
+async def test_many_live_identities_do_not_make_every_take_scan_them_all(monkeypatch):
+    """Past PRUNE_AT live buckets (one per identity, or per client address when anonymous), a take
+    must not look at every bucket each time: that is quadratic in the identities."""
+    monkeypatch.setattr(buckets, "PRUNE_AT", 100)
+    looked = 0
+    real_refill = buckets.refill
+
+    def counting(level: float, elapsed_s: float, limit: int) -> float:
+        nonlocal looked
+        looked += 1
+        return real_refill(level, elapsed_s, limit)
+
+    monkeypatch.setattr(buckets, "refill", counting)
+    store = MemoryBuckets(FakeClock())  # the clock stands still: no bucket refills, none is pruned
+    for i in range(2000):
+        assert (await store.take([Bucket(f"identity-{i}", 10, 1)]))[0]
+    assert looked < 6 * 2000, looked  # amortized: a few looks per take, not one per live bucket
+
+
+def test_an_overrides_file_caught_empty_keeps_its_limits(tmp_path):
+    """An editor or `>` truncates the file before writing it: for that moment the overrides (here a
+    lower limit) must not be lifted."""
+    path = tmp_path / "limits.yaml"
+    path.write_text('team-a:\n  "*": {requests_per_minute: 1}\n')
+    overrides = RateLimitOverrides(str(path))
+    assert overrides.limits("team-a", "m", (100, 0)) == (1, 0)
+    path.write_text("")
+    overrides._file.check_now()
+    assert overrides.limits("team-a", "m", (100, 0)) == (1, 0)
+    path.write_text("# no overrides\n")  # nothing, said on purpose
+    overrides._file.check_now()
+    assert overrides.limits("team-a", "m", (100, 0)) == (100, 0)
+
+
+async def test_an_anonymous_ipv6_client_has_one_budget_for_its_whole_64():
+    """One host holds a /64: a budget per IPv6 address would let it pick a fresh one per request."""
+    admission = Admission(routed_table(rpm=1), MemoryBuckets(FakeClock()))
+    await admission.admit(Caller("anonymous", "2001:db8:1:2::1", anonymous=True), "m", prompt_bytes=1, max_tokens=1)
+    with pytest.raises(OpenAIError) as refused:
+        await admission.admit(Caller("anonymous", "2001:db8:1:2:ffff::9", anonymous=True), "m",
+                              prompt_bytes=1, max_tokens=1)
+    assert refused.value.status == 429
+    for other in ("2001:db8:1:3::1", "10.0.0.1"):  # another /64, an IPv4 client: budgets of their own
+        await admission.admit(Caller("anonymous", other, anonymous=True), "m", prompt_bytes=1, max_tokens=1)
+    await admission.admit(Caller("anonymous", "::ffff:10.0.0.2", anonymous=True), "m", prompt_bytes=1, max_tokens=1)
+    with pytest.raises(OpenAIError):  # an IPv4-mapped address is its IPv4 client
+        await admission.admit(Caller("anonymous", "10.0.0.2", anonymous=True), "m", prompt_bytes=1, max_tokens=1)

@@ -86,14 +86,18 @@ class Admission:
         self._last_error_log = 0.0
 
     async def admit_generation(self, caller: Caller, model: str, prompt_bytes: int, infer: Any) -> Ticket:
-        """`admit` for a worker InferRequest: its max_tokens, or the default reserve when it names none."""
+        """`admit` for a worker InferRequest: its max_tokens (or the default reserve when it names
+        none) for each of its `n` choices."""
         sampling = infer.sampling
         return await self.admit(caller, model, prompt_bytes=prompt_bytes,
-                                max_tokens=sampling.max_tokens if sampling.HasField("max_tokens") else None)
+                                max_tokens=sampling.max_tokens if sampling.HasField("max_tokens") else None,
+                                choices=sampling.n if sampling.HasField("n") else 1)
 
-    async def admit(self, caller: Caller, model: str, *, prompt_bytes: int, max_tokens: int | None) -> Ticket:
+    async def admit(self, caller: Caller, model: str, *, prompt_bytes: int, max_tokens: int | None,
+                    choices: int = 1) -> Ticket:
         """The caller's ticket for one request to `model` (routed: `check_routed` ran), or 429.
-        `max_tokens` None: the default completion reserve (an embedding request reserves 0)."""
+        `max_tokens` None: the default completion reserve (an embedding request reserves 0); each
+        of `choices` (a request's `n`) may use that much."""
         caller.model = model
         route = self.table.routes.get(model)
         base = (route.requests_per_minute, route.tokens_per_minute) if route else (0, 0)
@@ -111,7 +115,8 @@ class Admission:
             kinds.append("requests")
         if tpm:
             context = route.max_model_len if route and route.max_model_len else DEFAULT_COMPLETION_RESERVE
-            completion = min(DEFAULT_COMPLETION_RESERVE, context) if max_tokens is None else max_tokens
+            per_choice = min(DEFAULT_COMPLETION_RESERVE, context) if max_tokens is None else max_tokens
+            completion = max(0, per_choice) * max(1, choices)  # n choices may each use max_tokens
             # never more than a full bucket: a big request waits for a full bucket, it is not refused forever
             buckets.append(Bucket(scope + ":t", tpm, min(tpm, estimate + completion)))
             kinds.append("tokens")

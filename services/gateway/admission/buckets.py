@@ -67,6 +67,7 @@ class MemoryBuckets:
     def __init__(self, clock=time.monotonic) -> None:
         self._clock = clock
         self._state: dict[str, tuple[float, float, int]] = {}  # key -> (level, at, limit)
+        self._prune_at = PRUNE_AT
 
     def _level(self, key: str, limit: int, now: float) -> float:
         held = self._state.get(key)
@@ -80,7 +81,7 @@ class MemoryBuckets:
             levels = [level - b.cost for level, b in zip(levels, buckets, strict=True)]
             for level, b in zip(levels, buckets, strict=True):
                 self._state[b.key] = (level, now, b.limit)
-            if len(self._state) > PRUNE_AT:
+            if len(self._state) > self._prune_at:
                 self._prune(now)
         return granted, [Draw(b.limit, level, b.cost) for level, b in zip(levels, buckets, strict=True)]
 
@@ -93,3 +94,6 @@ class MemoryBuckets:
         for key, (level, at, limit) in list(self._state.items()):
             if refill(level, now - at, limit) >= limit:
                 del self._state[key]
+        # the next look when the live keys have doubled: a scan per take once many identities are
+        # live (one per client address when anonymous) would be quadratic; this is amortized O(1)
+        self._prune_at = max(PRUNE_AT, 2 * len(self._state))
