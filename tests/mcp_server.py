@@ -10,13 +10,16 @@ The default tools: `lookup_weather(city)` -> "Sunny, 21 C in <city>", `forecast(
 (structured content), `slow(seconds)` (reports its cancellation: `cancelled`, `wait_cancelled`),
 `broken()` (an isError result), `refuse()` (a JSON-RPC error), `whoami(header)` (echoes a request
 header). `start(tools=[...])` serves others instead (plain functions, sync or async; their type
-hints are the input schema); `McpTestServer(required_headers={...})` answers 401 without them.
+hints are the input schema); `McpTestServer(required_headers={...})` answers 401 without them;
+`json_response=True` answers with JSON bodies instead of event streams, `force_gzip=True` (with
+it) gzips them whatever the request's Accept-Encoding.
 An ASGI wrapper records what reached the server over HTTP (`calls`, `requests`) before the SDK
 parses it, so a call is recorded even if the tool itself never runs."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import socket
@@ -75,13 +78,15 @@ def forecast(city: str, days: int = 3) -> dict[str, Any]:
 
 class McpTestServer:
     def __init__(self, host: str = "127.0.0.1", path: str = "/mcp", extra_hosts: Sequence[str] = (),
-                 required_headers: Mapping[str, str] | None = None, refused_methods: Iterable[str] = ()) -> None:
+                 required_headers: Mapping[str, str] | None = None, refused_methods: Iterable[str] = (),
+                 json_response: bool = False, force_gzip: bool = False) -> None:
         """`extra_hosts`: Host header values the server accepts besides 127.0.0.1 and localhost
         (the SDK refuses others, as DNS rebinding protection), e.g. "mcp.test:*".
         `required_headers`: a request without them (names case-insensitive) gets HTTP 401.
         `refused_methods`: JSON-RPC methods (e.g. "tools/list") answered with a JSON-RPC error."""
         self.host, self.path, self.extra_hosts = host, path, list(extra_hosts)
         self.refused_methods = frozenset(refused_methods)
+        self.json_response, self.force_gzip = json_response, force_gzip
         self.required_headers = {k.lower(): v for k, v in (required_headers or {}).items()}
         self.port = 0
         self._lock = threading.Lock()
@@ -143,8 +148,11 @@ class McpTestServer:
         security = TransportSecuritySettings(
             allowed_hosts=["127.0.0.1:*", "localhost:*", *self.extra_hosts],
             allowed_origins=["http://127.0.0.1:*", "http://localhost:*"])
-        app = _Recorder(mcp.streamable_http_app(streamable_http_path=self.path, host=self.host,
-                                                transport_security=security), self)
+        app: ASGIApp = _Recorder(mcp.streamable_http_app(streamable_http_path=self.path, host=self.host,
+                                                         json_response=self.json_response,
+                                                         transport_security=security), self)
+        if self.force_gzip:
+            app = _ForceGzip(app)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
@@ -271,6 +279,39 @@ class _Recorder:
             return await receive()  # then http.disconnect when the client goes
 
         await self.app(scope, replay, send)
+
+
+class _ForceGzip:
+    """ASGI wrapper: every whole (non-streamed) response body gzipped, asked for or not."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start: Message | None = None
+
+        async def squeeze(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+                return
+            if message["type"] == "http.response.body" and start is not None and not message.get("more_body"):
+                body = gzip.compress(message.get("body", b""))
+                headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+                await send({**start, "headers": [*headers, (b"content-encoding", b"gzip"),
+                                                 (b"content-length", str(len(body)).encode())]})
+                start = None
+                await send({"type": "http.response.body", "body": body})
+                return
+            if start is not None:  # streamed: passed on as it is
+                await send(start)
+                start = None
+            await send(message)
+
+        await self.app(scope, receive, squeeze)
 
 
 def tools_named(server: McpTestServer, names: Iterable[str]) -> list[Callable[..., Any]]:

@@ -17,6 +17,8 @@ import pytest
 from services.common.vocabulary import ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S
 from services.gateway.mcp.client import (
     DEFAULT_TIMEOUT_S,
+    MAX_ANSWER_BYTES,
+    MAX_TOOLS,
     McpClient,
     McpToolError,
     McpUnavailable,
@@ -236,3 +238,50 @@ async def test_a_server_that_refuses_to_list_is_a_tool_error_naming_it() -> None
         refusing.start()
         with pytest.raises(McpToolError, match="MCP server 'weather' refused to list tools: Method not found"):
             await client(refusing.url).list_tools()
+
+
+# ---- a server that answers too much: a clean McpUnavailable, read no further --------------------
+
+
+def huge(n: int) -> str:
+    """A result of n bytes (compresses to almost nothing)."""
+    return "x" * n
+
+
+@pytest.mark.parametrize("json_response", [False, True], ids=["event-stream", "json"])
+async def test_an_answer_past_the_byte_budget_is_unavailable(json_response: bool) -> None:
+    """Unbounded before: a tool result of any size was read into memory, then stored and shown."""
+    with McpTestServer(json_response=json_response) as s:
+        s.start(tools=[huge])
+        assert (await client(s.url).call_tool("huge", {"n": 1000})).text == "x" * 1000
+        with pytest.raises(McpUnavailable, match=f"its answer is larger than {MAX_ANSWER_BYTES} bytes"):
+            await client(s.url).call_tool("huge", {"n": 2 * MAX_ANSWER_BYTES})
+
+
+async def test_a_compressed_answer_is_refused_not_inflated() -> None:
+    """Compressed, a result past the budget crossed the wire in a few KiB (a gzip bomb). Answers
+    are asked for uncompressed, and one that is compressed anyway is refused."""
+    with McpTestServer(json_response=True, force_gzip=True) as s:
+        s.start(tools=[huge])
+        with pytest.raises(McpUnavailable, match="Content-Encoding 'gzip'"):
+            await client(s.url).call_tool("huge", {"n": 2 * MAX_ANSWER_BYTES})
+    with McpTestServer() as s:
+        s.start(tools=[huge])
+        await client(s.url).call_tool("huge", {"n": 1})
+        assert s.requests[-1].headers.get("accept-encoding") == "identity"
+
+
+def many_tools(n: int) -> list[Any]:
+    def tool(i: int) -> Any:
+        def t() -> str:
+            return str(i)
+        t.__name__, t.__doc__ = f"t{i}", "A tool."
+        return t
+    return [tool(i) for i in range(n)]
+
+
+async def test_a_server_listing_too_many_tools_is_unavailable() -> None:
+    with McpTestServer() as s:
+        s.start(tools=many_tools(MAX_TOOLS + 1))
+        with pytest.raises(McpUnavailable, match=f"lists more than {MAX_TOOLS} tools"):
+            await client(s.url).list_tools()

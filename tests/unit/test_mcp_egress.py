@@ -170,6 +170,7 @@ async def test_unresolvable_is_a_dns_error_not_a_refusal() -> None:
     "http://169.254.169.254/latest/meta-data/", "http://[fd00:ec2::254]/", "http://100.100.100.200/",
     "http://metadata.google.internal/computeMetadata/v1/", "http://169.254.1.1:8080/", "http://[fe80::1]/",
     "http://[::ffff:169.254.169.254]/", "http://[64:ff9b::a9fe:a9fe]/", "http://[2002:a9fe:a9fe::1]/",
+    "http://[64:ff9b:1::a9fe:a9fe]/", "http://[::a9fe:a9fe]/",  # local-use NAT64, IPv4-compatible
     "http://2852039166/",  # 169.254.169.254 as one number: getaddrinfo reads it so
 ])
 async def test_metadata_and_link_local_are_refused_even_if_listed(url: str) -> None:
@@ -192,7 +193,7 @@ def test_always_refused_spellings() -> None:
     for a in ("169.254.169.254", "169.254.0.1", "fe80::abcd", "::ffff:169.254.169.254", "fd00:ec2::254",
               "100.100.100.200", "fd00:c1::a9fe:a9fe"):
         assert always_refused(ipaddress.ip_address(a)), a
-    for a in ("127.0.0.1", "10.0.0.1", "::1", "100.100.100.201"):
+    for a in ("127.0.0.1", "10.0.0.1", "::1", "100.100.100.201", "::", "64:ff9b:1::7f00:1"):
         assert not always_refused(ipaddress.ip_address(a)), a
 
 

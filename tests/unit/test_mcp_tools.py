@@ -110,6 +110,7 @@ def test_labels_are_unique() -> None:
     (mcp(headers={"Host": "evil.example"}), "tools[0].headers.Host"),
     (mcp(headers={"Mcp-Session-Id": "s"}), "tools[0].headers.Mcp-Session-Id"),
     (mcp(headers={"Content-Length": "1"}), "tools[0].headers.Content-Length"),
+    (mcp(headers={"Accept-Encoding": "gzip"}), "tools[0].headers.Accept-Encoding"),  # answers are counted raw
     (mcp(allowed_tools="x"), "tools[0].allowed_tools"),
     (mcp(allowed_tools=["x", ""]), "tools[0].allowed_tools[1]"),
     (mcp(allowed_tools={"tool_names": "x"}), "tools[0].allowed_tools.tool_names"),

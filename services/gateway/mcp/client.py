@@ -1,9 +1,11 @@
 """A client for one remote MCP server (streamable HTTP, the `mcp` SDK): list its tools, call one.
 
-Every operation has a deadline (`MSHIP_MCP_TIMEOUT_S`, default 30 s, connecting included), is
-checked by the egress policy before any connection and connects through `pinned_transport` (see
-`egress`). The spec's headers go out as HTTP headers and never into a log line: lines name the
-server_label and the URL's host:port only. Failures are `McpUnavailable` (cannot connect, no
+Every operation has a deadline (`MSHIP_MCP_TIMEOUT_S`, default 30 s, connecting included) and a
+byte budget (`MAX_ANSWER_BYTES`: everything the server sends it, uncompressed: an MCP server must
+answer without a Content-Encoding), lists at most `MAX_TOOLS` tools, is checked by the egress
+policy before any connection and connects through `pinned_transport` (see `egress`). The spec's
+headers go out as HTTP headers and never into a log line: lines name the server_label and the
+URL's host:port only. Failures are `McpUnavailable` (cannot connect, no
 answer in time, HTTP errors, not an MCP server), `McpToolError` (the server refused the call: an
 unknown tool, bad arguments) or `EgressRefused`; a tool that ran and failed is a `ToolResult`
 with `is_error` (MCP's isError), which the model is shown.
@@ -22,7 +24,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, TypeVar
 
@@ -44,6 +46,8 @@ T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 30.0
 MAX_LIST_PAGES = 50  # a server whose cursor never ends still answers
+MAX_TOOLS = 1000  # per server: each is offered to the model in every generation
+MAX_ANSWER_BYTES = 8 * 2**20  # all the HTTP bodies of one operation (a list, every page; a call)
 CLIENT_INFO = mcp_types.Implementation(name="mship-gateway", version="0.1.0")
 # The SDK's transport errors for a lost connection / a reply that never came, not the server's word.
 _TRANSPORT_CODES = (mcp_types.CONNECTION_CLOSED, mcp_types.REQUEST_TIMEOUT)
@@ -115,12 +119,14 @@ class McpClient:
                 page = await client.list_tools(cursor=cursor)
                 tools.extend(page.tools)
                 cursor = page.next_cursor
-                if not cursor:
+                if not cursor or len(tools) > MAX_TOOLS:
                     break
             return tools
 
         started = time.monotonic()
         listed = [_listed(t) for t in await self._run("list tools", page_through)]
+        if len(listed) > MAX_TOOLS:
+            raise self._unavailable("list tools", f"it lists more than {MAX_TOOLS} tools")
         tools = [t for t in listed if self.spec.allows(t.name, t.read_only_hint)]
         log.debug("MCP server %r at %s: %d tools (%d allowed) in %.2f s", self.spec.server_label, self.where,
                   len(listed), len(tools), time.monotonic() - started)
@@ -139,14 +145,16 @@ class McpClient:
     # ---- connecting, and what failures mean ---------------------------------------------------------
 
     @asynccontextmanager
-    async def _connect(self, statuses: list[int]) -> AsyncIterator[Client]:
+    async def _connect(self, seen: _Seen) -> AsyncIterator[Client]:
         await check_url(self.spec.server_url, self.policy)  # a clear refusal before any connection
 
         async def note(response: httpx2.Response) -> None:  # the SDK reports HTTP errors without the status
-            statuses.append(response.status_code)
+            seen.statuses.append(response.status_code)
 
-        http = httpx2.AsyncClient(headers=self.spec.headers, timeout=httpx2.Timeout(self.timeout_s),
-                                  transport=pinned_transport(self.policy), trust_env=False,
+        # identity: a compressed answer would be counted compressed and inflated past the budget
+        http = httpx2.AsyncClient(headers={**self.spec.headers, "Accept-Encoding": "identity"},
+                                  timeout=httpx2.Timeout(self.timeout_s),
+                                  transport=_Capped(pinned_transport(self.policy), seen), trust_env=False,
                                   event_hooks={"response": [note]})
         async with http, Client(streamable_http_client(self.spec.server_url, http_client=http), cache=None,
                                 client_info=CLIENT_INFO) as client:
@@ -154,18 +162,23 @@ class McpClient:
 
     async def _run(self, what: str, op: Callable[[Client], Awaitable[T]]) -> T:
         """`op` in a session of its own, under the deadline; failures as this module's errors."""
-        statuses: list[int] = []
+        seen = _Seen()
         try:
             with anyio.fail_after(self.timeout_s):
-                async with self._connect(statuses) as client:
-                    return await op(client)
+                async with self._connect(seen) as client:
+                    result = await op(client)
         except TimeoutError:
-            raise self._unavailable(what, f"no answer within {self.timeout_s:g} s") from None
+            raise self._unavailable(what, seen.refusal or f"no answer within {self.timeout_s:g} s") from None
         except Exception as e:
             task = asyncio.current_task()
             if task is not None and task.cancelling():  # a session that broke as it closed: still a cancel
                 raise asyncio.CancelledError() from e
-            raise self._failure(what, e, statuses) from None
+            if seen.refusal is not None:  # however the SDK reported the answer it could not finish reading
+                raise self._unavailable(what, seen.refusal) from None
+            raise self._failure(what, e, seen.statuses) from None
+        if seen.refusal is not None:  # a result despite a cut stream (the SDK may swallow the error)
+            raise self._unavailable(what, seen.refusal)
+        return result
 
     def _failure(self, what: str, error: Exception, statuses: list[int]) -> Exception:
         leaves = list(_leaves(error))
@@ -199,6 +212,58 @@ class McpClient:
     def _unavailable(self, what: str, reason: str) -> McpUnavailable:
         log.info("MCP server %r at %s: %s failed: %s", self.spec.server_label, self.where, what, reason)
         return McpUnavailable(f"MCP server '{self.spec.server_label}' at {self.where} is unreachable: {reason}")
+
+
+@dataclass
+class _Seen:
+    """What one operation received: each response's status, its bytes, why it was cut off."""
+
+    statuses: list[int] = field(default_factory=list)
+    received: int = 0
+    refusal: str | None = None
+
+
+class AnswerRefused(Exception):
+    """Raised into the SDK's read of an answer past the budget (or compressed): `_Seen.refusal`
+    says why, whatever the SDK makes of the exception."""
+
+
+class _Capped(httpx2.AsyncBaseTransport):
+    """The transport, with every answer counted against the operation's `MAX_ANSWER_BYTES`."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, seen: _Seen) -> None:
+        self.inner, self.seen = inner, seen
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self.seen.refusal is not None:  # no further request (an SSE reconnect) once over the budget
+            raise AnswerRefused(self.seen.refusal)
+        response = await self.inner.handle_async_request(request)
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            await response.aclose()
+            self.seen.refusal = f"it answered with Content-Encoding {encoding[:32]!r} (identity was asked for)"
+            raise AnswerRefused(self.seen.refusal)
+        return httpx2.Response(response.status_code, headers=response.headers, extensions=response.extensions,
+                               stream=_CappedStream(response.stream, self.seen))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: Any, seen: _Seen) -> None:
+        self.inner, self.seen = inner, seen
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.inner:
+            self.seen.received += len(chunk)
+            if self.seen.received > MAX_ANSWER_BYTES:
+                self.seen.refusal = f"its answer is larger than {MAX_ANSWER_BYTES} bytes"
+                raise AnswerRefused(self.seen.refusal)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 _HTTP_ERROR = "Server returned an error response"  # the SDK's stand-in for an HTTP error without a JSON-RPC body

@@ -17,7 +17,8 @@ or network entry are allowed, and only those are connected to.
 
 Always refused, even if listed: cloud metadata endpoints (169.254.169.254, fd00:ec2::254,
 fd00:c1::a9fe:a9fe, 100.100.100.200, metadata.google.internal) and link-local addresses
-(169.254.0.0/16, fe80::/10), also as IPv4-mapped / NAT64 / 6to4 IPv6, and a name that resolves to
+(169.254.0.0/16, fe80::/10), also as IPv4-mapped / -compatible / NAT64 (64:ff9b::/96,
+64:ff9b:1::/48) / 6to4 IPv6, and a name that resolves to
 any of them (every address is checked).
 
 DNS rebinding: the check and the connection use the same resolution. `pinned_transport()` is an
@@ -58,7 +59,10 @@ METADATA_NAMES = frozenset({"metadata.google.internal"})
 METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
     "169.254.169.254", "fd00:ec2::254", "fd00:c1::a9fe:a9fe", "100.100.100.200"))
 LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# NAT64: the well-known prefix and the local-use one (RFC 8215; its /96 prefixes embed the IPv4
+# address in the last 32 bits); and IPv4-compatible (::a.b.c.d, deprecated, still tunnelled by some)
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+_V4_COMPATIBLE = ipaddress.ip_network("::/96")
 _NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*$")
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -156,7 +160,7 @@ def _embedded_v4(address: IPAddress) -> IPAddress | None:
             return address.ipv4_mapped
         if address.sixtofour is not None:
             return address.sixtofour
-        if address in _NAT64:
+        if any(address in net for net in _NAT64) or (address in _V4_COMPATIBLE and int(address) > 0xFFFF):
             return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return None
 

@@ -26,9 +26,11 @@ _NOT_NAME_CHAR = re.compile(r"[^a-zA-Z0-9_-]")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")  # an RFC 9110 token
 _BAD_HEADER_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # Framing, the connection and the MCP session are the transport's; `Host` must match the URL the
-# egress policy checked. None of them may come from the request.
+# egress policy checked; answers are uncompressed (the client counts their bytes). None of them
+# may come from the request.
 _RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "upgrade", "te",
-                               "trailer", "keep-alive", "content-type", "accept", "last-event-id"})
+                               "trailer", "keep-alive", "content-type", "accept", "accept-encoding",
+                               "last-event-id"})
 _RESERVED_PREFIXES = ("mcp-", "proxy-")
 _KEYS = ("type", "server_label", "server_url", "headers", "authorization", "allowed_tools", "require_approval",
          "server_description")

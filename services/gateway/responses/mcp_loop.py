@@ -3,8 +3,11 @@ earlier `mcp_list_tools` of the chain), run the calls the user approved, then ge
 generation that ends in calls to MCP tools has them run here and generates again, with their
 results, until the model answers, asks for an approval, or a bound is reached.
 
-Bounds: `max_tool_calls` (the request's) on the calls run; past it, or after `MAX_GENERATIONS`
-generations, the last generation is offered no MCP tools, so the model answers with what it has.
+Bounds: `max_tool_calls` (the request's, at most `MAX_CALLS_CEILING`) on the calls run, approved
+ones included; past it, or after `MAX_GENERATIONS` generations, the last generation is offered no
+MCP tools, so the model answers with what it has. An approval runs its call once: one whose call
+the conversation already holds (a client that resends earlier turns' items) or that the input
+gives twice is not run again.
 A server that cannot be reached (or that the egress policy refuses) fails the response with a
 clear message; a tool that fails is an `mcp_call` with its `error`, which the model is shown.
 Cancelling the task (a client that leaves, a background cancel) stops the loop where it is: the
@@ -35,6 +38,7 @@ if TYPE_CHECKING:  # the SDK is imported with the first MCP request: it imports 
 
 MAX_GENERATIONS = 8  # per response: a model that keeps calling tools still ends
 MAX_CALLS = 32  # MCP calls per response when the request sets no max_tool_calls
+MAX_CALLS_CEILING = 128  # ... and whatever it sets: each call may take MSHIP_MCP_TIMEOUT_S
 INVALID_PARAMS, INTERNAL_ERROR = -32602, -32603  # JSON-RPC's codes, as MCP uses them
 OpenGeneration = Callable[[pb.InferRequest, bool], Awaitable[Generation]]  # (request, is the first one)
 
@@ -59,6 +63,19 @@ def listed_in_chain(items: list[dict[str, Any]], spec: McpServerSpec) -> list[di
 
 def approval_requests(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {i["id"]: i for i in items if i.get("type") == "mcp_approval_request"}
+
+
+def approvals_to_run(history: list[dict[str, Any]], inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The input's approvals whose calls have not run: each once, none whose `mcp_call` the
+    conversation already holds (a turn that ran an approved call outputs it at once)."""
+    done = {i.get("approval_request_id") for i in [*history, *inputs] if i.get("type") == "mcp_call"}
+    out = []
+    for item in inputs:
+        rid = item.get("approval_request_id")
+        if item.get("type") == "mcp_approval_response" and item.get("approve") and rid not in done:
+            done.add(rid)
+            out.append(item)
+    return out
 
 
 def check_approvals(history: list[dict[str, Any]], inputs: list[dict[str, Any]],
@@ -113,14 +130,17 @@ async def run_mcp_turn(turn: Turn, open_generation: OpenGeneration, finish: Fini
                 yield encoder.list_done(item, tools)
             directory.add(spec, tools)
         encoder.resolve = directory.target
-        calls, limit = 0, turn.req.max_tool_calls or MAX_CALLS
+        calls, limit = 0, min(turn.req.max_tool_calls or MAX_CALLS, MAX_CALLS_CEILING)
         requests = approval_requests(chain)
-        approved = [i for i in turn.inputs if i.get("type") == "mcp_approval_response" and i.get("approve")]
-        for answer in approved if not out else []:
+        for answer in approvals_to_run(turn.history, turn.inputs) if not out else []:
             request = requests[answer["approval_request_id"]]  # checked in `prepare`
             item, started = encoder.approved_call(request["server_label"], request["name"], request["arguments"],
                                                   request["id"])
             yield started
+            if calls >= limit:
+                yield encoder.call_done(item, None, protocol_error(
+                    INTERNAL_ERROR, f"Not run: the response reached max_tool_calls ({limit})."))
+                continue
             calls += 1
             if before_call is not None:
                 await before_call()
