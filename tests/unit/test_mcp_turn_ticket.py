@@ -85,3 +85,18 @@ async def test_a_turn_whose_client_left_while_tools_were_listed_gives_its_reserv
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert not turn.ticket.counts_tokens and admission.given_back == [500]
+
+
+def test_a_continuation_is_charged_to_the_turns_budget_and_recorded():
+    """A turn's later generations (tool results sent back) use tokens too: charged as they end,
+    against the same budget, and added to the caller's recorded usage (the audit trail)."""
+    from services.gateway.identity import Caller
+
+    admission, caller = Refunds(), Caller("me", "127.0.0.1")
+    first = Ticket(admission, key="k", limit=1000, reserved=500, record=caller)  # type: ignore[arg-type]
+    first.settle(120)
+    later = first.follow_on()
+    later.settle(80)
+    later.settle(80)  # once
+    assert admission.given_back == [380, -80] and caller.used_tokens == 200
+    assert Ticket().follow_on().counts_tokens is False  # nothing to charge without a limit or a record

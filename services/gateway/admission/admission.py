@@ -73,6 +73,26 @@ class Ticket:
             self._admission.adjust_later(self.key, self.limit, self.reserved - used)
 
 
+    def follow_on(self) -> Ticket:
+        """A later generation of the same request (an MCP turn's continuation with tool results):
+        nothing reserved for it, what it uses charged to the same budget and added to the usage
+        recorded for the caller."""
+        if self._admission is None and self._record is None:
+            return self
+        return _FollowOn(self._admission, self.key, self.limit, record=self._record)
+
+
+class _FollowOn(Ticket):
+    def settle(self, used: int) -> None:
+        if self._settled:
+            return
+        self._settled = True
+        if self._record is not None:
+            self._record.used_tokens = (self._record.used_tokens or 0) + used
+        if self._admission is not None and used:
+            self._admission.adjust_later(self.key, self.limit, -used)
+
+
 FREE = Ticket()  # no token limit, nothing recorded: nothing to settle
 
 

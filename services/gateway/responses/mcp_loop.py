@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.infer import UpstreamError
 from services.common.routes import RouteTable
-from services.gateway.admission.admission import FREE
 from services.gateway.generation import Generation
 from services.gateway.mcp.egress import EgressRefused
 from services.gateway.mcp.tools import McpServerSpec, ToolDirectory
@@ -45,9 +44,9 @@ OpenGeneration = Callable[[pb.InferRequest, bool], Awaitable[Generation]]  # (re
 
 def opener(table: RouteTable, turn: Turn) -> OpenGeneration:
     """The turn's generations: the first one settles the request's admission, the later ones
-    (continuations with tool results) run under it."""
+    (continuations with tool results) are charged to the same budget as they end."""
     async def open_(infer: pb.InferRequest, first: bool) -> Generation:
-        return await open_fitting(table, turn, infer, turn.ticket if first else FREE,
+        return await open_fitting(table, turn, infer, turn.ticket if first else turn.ticket.follow_on(),
                                   output=turn.encoder.response["output"])
     return open_
 
