@@ -13,6 +13,7 @@ node may log and trace to its own collector (services/common/logs.py and tracing
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ DEFAULT_METRICS_PORT = 8079
 METRICS_PORT_LABEL = "mship-metrics-port"
 SD_INTERVAL_S = 10.0
 _PID = re.compile(r"_(\d+)\.db$")
+LOCK_FILE = ".mship-node.lock"
 
 
 @dataclass
@@ -43,16 +45,24 @@ class NodeTelemetry:
     metrics_dir: Path | None = None  # made by start()
     _server: MetricsServer | None = field(default=None, repr=False)
     _made_dir: bool = field(default=False, repr=False)
+    _lock: int | None = field(default=None, repr=False)
 
     def start(self) -> None:
         """Make the node's metrics directory (fresh) and serve it; before the Ray node starts. A
-        node started by someone else (KubeRay) names its directory in its environment instead."""
+        node started by someone else (KubeRay) names its directory in its environment instead: this
+        node then takes it (MetricsDirInUse when another live node has it: each would serve the
+        other's series as its own) and empties it of a previous run's files (their pids may be
+        this run's, and their live gauges would never leave)."""
         if not self.metrics:
             return
         given = os.environ.get(ENV_METRICS_DIR)
         self.metrics_dir = Path(given) if given else Path(tempfile.mkdtemp(prefix="mship-metrics-"))
         self._made_dir = not given
         self.metrics_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = _take(self.metrics_dir)
+        if given:
+            for stale in self.metrics_dir.glob("*.db"):
+                stale.unlink(missing_ok=True)
         self._server = MetricsServer(self.metrics_dir, self.metrics_host, self.metrics_port)
 
     def env(self) -> dict[str, str]:
@@ -74,6 +84,25 @@ class NodeTelemetry:
             self._server.stop()
         if self.metrics_dir is not None and self._made_dir:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        if self._lock is not None:
+            os.close(self._lock)  # the lock goes with it
+            self._lock = None
+
+
+class MetricsDirInUse(RuntimeError):
+    """Another live node serves this metrics directory."""
+
+
+def _take(directory: Path) -> int:
+    """An exclusive lock on the node's metrics directory, held while the node runs (its fd)."""
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise MetricsDirInUse(f"{ENV_METRICS_DIR}={directory} is another live node's metrics directory: "
+                              "give each node its own") from None
+    return fd
 
 
 class MetricsServer:
@@ -101,17 +130,18 @@ class LiveMultiProcessCollector:
 
         self.directory = directory
         self._inner = MultiProcessCollector(None, path=str(directory))
-        self._dead: set[int] = set()
+        self._lock = threading.Lock()  # scrapes may come at once (one thread each)
 
     def collect(self):
         from prometheus_client import multiprocess
 
-        for path in self.directory.glob("gauge_live*.db"):
-            match = _PID.search(path.name)
-            if match and (pid := int(match.group(1))) not in self._dead and not _alive(pid):
-                multiprocess.mark_process_dead(pid, str(self.directory))
-                self._dead.add(pid)
-        return self._inner.collect()
+        with self._lock:
+            # A live file of a dead pid is removed, so it is looked at once; no memory of dead pids:
+            # a pid comes back (a later process's) and its files must leave with it in turn.
+            for pid in {int(m.group(1)) for p in self.directory.glob("gauge_live*.db") if (m := _PID.search(p.name))}:
+                if not _alive(pid):
+                    multiprocess.mark_process_dead(pid, str(self.directory))
+            return self._inner.collect()
 
 
 def _alive(pid: int) -> bool:

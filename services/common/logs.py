@@ -16,13 +16,16 @@ request share it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import logging.handlers
 import os
+import queue
 import socket
 import sys
+import threading
 import time
+import weakref
 from contextvars import ContextVar
 from urllib.parse import urlsplit
 
@@ -33,6 +36,8 @@ MAX_REQUEST_ID = 128
 request_id: ContextVar[str] = ContextVar("mship_request_id", default="")
 LOGGERS = ("services", "clients")  # ours; Ray's and the engines' keep their own handlers
 _configured: set[str] = set()
+_PRIORITY = {"DEBUG": 7, "INFO": 6, "WARNING": 4, "ERROR": 3, "CRITICAL": 2}  # syslog severities
+_FACILITY_USER = 1
 
 
 def parse_log_target(url: str) -> tuple[str, int, int]:
@@ -65,7 +70,12 @@ class JsonFormatter(logging.Formatter):
             out["request_id"] = record.request_id  # type: ignore[attr-defined]
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False)
+        line = json.dumps(out, ensure_ascii=False)
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (text decoded with surrogateescape): ASCII escapes
+            return json.dumps(out)
+        return line
 
 
 class TextFormatter(logging.Formatter):
@@ -78,16 +88,93 @@ class TextFormatter(logging.Formatter):
         return super().format(record)
 
 
-class LineSysLogHandler(logging.handlers.SysLogHandler):
-    """RFC 3164-style syslog; over TCP each message ends with a newline (RFC 6587 framing)."""
+class LineSysLogHandler(logging.Handler):
+    """RFC 3164-style syslog; over TCP each message ends with a newline (RFC 6587 framing).
+
+    The logging thread (an event loop's, mostly) only formats the line and queues it: one daemon
+    thread sends, so a collector that is down, slow or stops reading never blocks a process. While it
+    cannot be reached the lines are dropped (MAX_QUEUED at most wait), it is said once on stderr, and
+    it is connected again (every `retry_s`) once it is back."""
+
+    MAX_QUEUED = 10_000
+    TIMEOUT_S = 5.0  # a connect or a send to a stuck collector gives up after this
 
     def __init__(self, host: str, port: int, socktype: int) -> None:
-        super().__init__(address=(host, port), socktype=socktype)
-        self.append_nul = False
+        super().__init__()
+        self.address, self.socktype = (host, port), socktype
         self.tcp = socktype == socket.SOCK_STREAM
+        self.retry_s = 2.0
+        self.dropped = 0
+        self._start()
+        ref = weakref.ref(self)  # a forked child has no sender thread: it starts its own
+        os.register_at_fork(after_in_child=lambda: (h := ref()) is not None and h._start())
 
-    def format(self, record: logging.LogRecord) -> str:
-        return super().format(record) + ("\n" if self.tcp else "")
+    def _start(self) -> None:
+        self._queue: queue.Queue[bytes | None] = queue.Queue(self.MAX_QUEUED)
+        self._sock: socket.socket | None = None  # the parent's, after a fork: never closed here
+        self._down_until = 0.0
+        self._said_down = False
+        self._thread = threading.Thread(target=self._send_forever, name="mship-syslog", daemon=True)
+        self._thread.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + ("\n" if self.tcp else "")
+            prio = (_FACILITY_USER << 3) | _PRIORITY.get(record.levelname, 6)
+            self._queue.put_nowait(f"<{prio}>{line}".encode("utf-8", "backslashreplace"))
+        except queue.Full:
+            self.dropped += 1
+        except Exception:
+            self.handleError(record)
+
+    def _send_forever(self) -> None:
+        while (message := self._queue.get()) is not None:
+            if time.monotonic() < self._down_until:
+                self.dropped += 1
+                continue
+            try:
+                self._send(message)
+                self._said_down = False
+            except OSError as e:
+                self._disconnect()
+                self.dropped += 1
+                self._down_until = time.monotonic() + self.retry_s
+                if not self._said_down:
+                    self._said_down = True
+                    host, port = self.address
+                    print(f"mship: syslog target {host}:{port} unreachable ({e}); its lines are dropped "
+                          "until it is back", file=sys.stderr)
+        self._disconnect()
+
+    def _send(self, message: bytes) -> None:
+        if self._sock is None:
+            host, port = self.address
+            family, kind, proto, _, address = socket.getaddrinfo(host, port, 0, self.socktype)[0]
+            sock = socket.socket(family, kind, proto)
+            sock.settimeout(self.TIMEOUT_S)
+            try:
+                sock.connect(address)  # UDP too: one address, and an unreachable port is reported
+            except OSError:
+                sock.close()
+                raise
+            self._sock = sock
+        if self.tcp:
+            self._sock.sendall(message)
+        else:
+            self._sock.send(message)
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+    def close(self) -> None:
+        """Send what is queued (waiting at most TIMEOUT_S), then stop."""
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=self.TIMEOUT_S)
+        self._thread.join(self.TIMEOUT_S)
+        super().close()
 
 
 def configure_logging(service: str) -> None:

@@ -8,6 +8,7 @@ import json
 import logging
 import socket
 import threading
+import time
 
 import httpx
 import pytest
@@ -142,3 +143,76 @@ def test_configure_logging_is_idempotent_and_stops_propagation(monkeypatch):
         assert (logger.level, logger.propagate) == (logging.DEBUG, False)
     finally:
         logger.handlers[:], logger.level, logger.propagate = before
+
+
+def stuck_collector() -> tuple[socket.socket, list[socket.socket]]:
+    """A TCP syslog collector that accepts and then never reads (its buffers fill up)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: accepted.append(sock.accept()[0]), daemon=True).start()
+    return sock, accepted
+
+
+def test_a_collector_that_stops_reading_never_blocks_the_logging_thread():
+    sock, accepted = stuck_collector()
+    host, port = sock.getsockname()
+    handler = LineSysLogHandler(*parse_log_target(f"syslog+tcp://{host}:{port}"))
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.handleError = lambda rec: None  # type: ignore[method-assign]  (once reset: a traceback a line)
+    line = record("x" * 4096)
+
+    def log_a_lot() -> None:
+        for _ in range(8192):  # 32 MiB: far beyond what the sockets buffer
+            handler.emit(line)
+
+    logging_thread = threading.Thread(target=log_a_lot, daemon=True)
+    logging_thread.start()
+    logging_thread.join(20)
+    blocked = logging_thread.is_alive()
+    for s in (*accepted, sock):  # unblocks a blocked send (connection reset)
+        s.close()
+    handler.close()
+    assert not blocked, "logging blocked on a syslog collector that does not read"
+
+
+def test_a_collector_down_at_start_or_restarted_gets_the_lines_once_it_is_back():
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens on `port` yet
+    handler = LineSysLogHandler("127.0.0.1", port, socket.SOCK_STREAM)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.retry_s = 0.0  # type: ignore[attr-defined]
+    handler.handleError = lambda rec: None  # type: ignore[method-assign]
+    try:
+        handler.emit(record("lost"))  # never raises, never blocks: dropped while the collector is down
+        for restart in range(2):
+            server = socket.socket()
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", port))
+            server.listen(1)
+            server.settimeout(0.05)
+            got = b""
+            deadline = time.monotonic() + 10
+            conn = None
+            while f"up {restart}".encode() not in got:  # the handler reconnects on a later line
+                assert time.monotonic() < deadline, f"no line reached the collector (start {restart})"
+                handler.emit(record(f"up {restart}"))
+                try:
+                    conn = conn or server.accept()[0]
+                    conn.settimeout(0.05)
+                    got += conn.recv(65536)
+                except TimeoutError:
+                    continue
+            for s in (conn, server):
+                if s is not None:
+                    s.close()
+    finally:
+        handler.close()
+
+
+def test_json_lines_stay_utf8_with_a_lone_surrogate():
+    line = JsonFormatter("gateway").format(record("model 'a\ud800b' not found"))
+    assert json.loads(line.encode("utf-8"))["message"] == "model 'a\ud800b' not found"

@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import httpx
+import pytest
 
 from services.cluster import telemetry
 from services.cluster.telemetry import METRICS_PORT_LABEL, NodeTelemetry, ServiceDiscoveryFile
@@ -88,3 +89,74 @@ def test_an_engines_own_series_are_re_exported_under_their_names_with_the_model(
     out = generate_latest(REGISTRY).decode()
     assert 'llamacpp:prompt_tokens_total{model="smol"} 30.0' in out
     assert 'llamacpp:requests_processing{model="smol"} 1.0' in out
+
+
+def live_values(collector: telemetry.LiveMultiProcessCollector, name: str) -> list[float]:
+    return [s.value for m in collector.collect() for s in m.samples if s.name == name]
+
+
+def test_a_reused_pid_of_a_dead_process_has_its_live_gauges_forgotten_too(tmp_path):
+    """Pids come back (a container's are small): a second process that had the pid of one already
+    found dead, and died too, must not leave its in-flight count behind for ever."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=env)
+    assert writer.stdout.readline() == "written\n"
+    live_file = tmp_path / f"gauge_livesum_{writer.pid}.db"
+    written = live_file.read_bytes()
+    writer.communicate("")
+    collector = telemetry.LiveMultiProcessCollector(tmp_path)
+    assert live_values(collector, "mship_test_inflight") == []  # dead: its live gauge left
+    live_file.write_bytes(written)  # the same pid again: a later process wrote its gauge, then died
+    assert live_values(collector, "mship_test_inflight") == []
+
+
+def test_a_given_metrics_directory_starts_without_a_previous_runs_files(tmp_path, monkeypatch):
+    """KubeRay names the directory (an emptyDir kept across a container's restarts): the files of the
+    node's previous run (whose pids the new processes may well have) are not summed into this one's."""
+    stale = tmp_path / "gauge_livesum_7.db"
+    stale.write_bytes(b"")
+    (tmp_path / "counter_7.db").write_bytes(b"")
+    (tmp_path / "keep.txt").write_text("not ours")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    node = NodeTelemetry(metrics=True, metrics_port=free_port())
+    node.start()
+    try:
+        assert node.metrics_dir == tmp_path
+        assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["keep.txt"]
+    finally:
+        node.stop()
+    assert tmp_path.exists()  # given, not ours to remove
+
+
+def test_two_nodes_never_share_a_metrics_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    first = NodeTelemetry(metrics=True, metrics_port=free_port())
+    first.start()
+    try:
+        second = NodeTelemetry(metrics=True, metrics_port=free_port())
+        with pytest.raises(telemetry.MetricsDirInUse):
+            second.start()
+    finally:
+        first.stop()
+    again = NodeTelemetry(metrics=True, metrics_port=free_port())
+    again.start()  # the first one stopped: free again
+    again.stop()
+
+
+COORDINATOR = textwrap.dedent("""
+    from services.coordinator import metrics
+    metrics.ROUTING_VERSION.set(5)
+    metrics.REPLICAS.labels("gone", "unhealthy").set(1)
+""")
+
+
+def test_a_dead_coordinators_replica_gauges_leave_with_it(tmp_path):
+    """A coordinator restarts (services/coordinator/recovery.py): what the dead one last said of a
+    model the new one never routes (an unhealthy replica) must not page for ever."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", COORDINATOR], env=env, check=True, timeout=60,
+                   cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    collector = telemetry.LiveMultiProcessCollector(tmp_path)
+    assert live_values(collector, "mship_coordinator_replicas") == []
+    assert live_values(collector, "mship_coordinator_routing_version") == []
