@@ -226,3 +226,14 @@ def test_input_item_ids_are_distinct_and_not_empty(ids, param, words):
     assert err.param == param and words in err.message, (err.param, err.message)
     assert refused(parse_compact_request, {"model": "m", "input": given}).param == param
     assert len(request(input=[{**items[0], "id": "a"}, {**items[0], "id": "b"}, items[0], items[0]]).input_items) == 4
+
+
+def test_an_mcp_servers_url_is_echoed_without_its_secrets():
+    """Responses are stored and read back: a key in the URL's query must not be."""
+    from services.gateway.responses.protocol_mcp_events import McpStreamEncoder
+
+    url = "https://mcp.example.com:8443/mcp?api_key=sek-123&region=eu"
+    req = parse_response_request({"model": "m", "input": "hi", "tools": [
+        {"type": "mcp", "server_label": "w", "server_url": url, "require_approval": "never"}]})
+    (echoed,) = McpStreamEncoder.for_request(req).response["tools"]
+    assert echoed["server_url"] == "https://mcp.example.com:8443/mcp?api_key=REDACTED&region=REDACTED"

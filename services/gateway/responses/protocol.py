@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from pydantic import Field, PlainValidator, model_validator
 
@@ -62,10 +63,20 @@ class McpTool(WireModel):
     server_description: Str | None = None
 
     def echo(self) -> dict[str, Any]:
-        """As the response repeats it: never the headers or the token (responses are stored)."""
-        return {"type": "mcp", "server_label": self.server_label, "server_url": self.server_url,
+        """As the response repeats it: never the headers, the token, or the URL's query values
+        (where a key may sit: responses are stored; credentials in the URL itself are refused)."""
+        return {"type": "mcp", "server_label": self.server_label, "server_url": _without_secrets(self.server_url),
                 "allowed_tools": self.allowed_tools, "require_approval": self.require_approval,
                 "server_description": self.server_description, "headers": None}
+
+
+def _without_secrets(url: str | None) -> str | None:
+    """`url` less its query values (their names stay: the echo still says which there were)."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    query = "&".join(f"{name}=REDACTED" for name, _ in parse_qsl(parts.query, keep_blank_values=True))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
 
 
 def _refuse_tool(value: dict[str, Any]) -> Any:
