@@ -42,6 +42,7 @@ FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
           "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
           "repetition_penalty": "repeat_penalty", "seed": "seed"}
+LLAMA_RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp draws a new seed
 
 
 class SlotPool:
@@ -199,6 +200,16 @@ class LlamaCppEngine(Engine):
             raise invalid_parameter("response_format", "llama_cpp supports json_schema and json_object formats")
         if s.min_tokens:
             raise invalid_parameter("min_tokens", "the llama_cpp loader does not support min_tokens")
+        # vLLM's extras llama-server has no per-request form of: refused, not silently dropped
+        if s.stop_token_ids:
+            raise invalid_parameter("stop_token_ids", "the llama_cpp loader does not support stop_token_ids; "
+                                    "use 'stop' strings")
+        if s.include_stop_str_in_output and s.stop:
+            raise invalid_parameter("include_stop_str_in_output", "the llama_cpp loader always leaves the "
+                                    "matched stop string out of the output")
+        if not s.skip_special_tokens:
+            raise invalid_parameter("skip_special_tokens", "the llama_cpp loader always leaves special tokens "
+                                    "out of the text")
 
     def _body(self, prompt: Prompt, s: Sampling, slot: int, reuse: bool) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -208,6 +219,8 @@ class LlamaCppEngine(Engine):
             # the sampled token's own logprob comes with n_probs >= 1
             "n_probs": max(1, s.logprobs) if s.logprobs is not None else 0}
         body.update({name: getattr(s, field) for field, name in FIELDS.items() if getattr(s, field) is not None})
+        if s.seed is not None:  # -1: random, as vLLM has it; any other seed must stay reproducible, but llama.cpp's
+            body["seed"] = s.seed % LLAMA_RANDOM_SEED if s.seed != -1 else LLAMA_RANDOM_SEED  # is a uint32
         if s.json_schema is not None or s.json_object:
             body["json_schema"] = s.json_schema if s.json_schema is not None else {"type": "object"}
         return body

@@ -98,7 +98,8 @@ def sampling_from_request(req: worker_pb2.InferRequest) -> Sampling:
         _range("top_logprobs", top_logprobs, 0, MAX_TOP_LOGPROBS)
     return Sampling(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-        top_k=None if top_k in (None, 0) else top_k, min_p=min_p, presence_penalty=presence,
+        # 0 asks for "off" like -1; unset would leave it to the engine (llama.cpp's default is 40)
+        top_k=-1 if top_k == 0 else top_k, min_p=min_p, presence_penalty=presence,
         frequency_penalty=frequency, repetition_penalty=repetition, seed=_opt(p, "seed"),
         stop=tuple(p.stop), stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos,
         min_tokens=min_tokens, n=n or 1, logprobs=(top_logprobs or 0) if p.logprobs else None,

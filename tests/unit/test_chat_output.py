@@ -214,6 +214,59 @@ def test_stream_encoder_for_request():
     assert not ChatStreamEncoder.for_request(parse_chat_request(chat_body(stream=True))).include_usage
 
 
+def test_parallel_tool_calls_false_answers_at_most_one_call():
+    """`parallel_tool_calls: false` promises at most one call: a second one the model makes anyway is
+    dropped, whole and streamed (vLLM's `maybe_filter_parallel_tool_calls` does the same)."""
+    tools = [WEATHER, {"type": "function", "function": {"name": "get_time"}}]
+    req = parse_chat_request(chat_body(tools=tools, parallel_tool_calls=False))
+    asm = ChatCompletionAssembler.for_request(req)
+    for event in TOOL_CALL:
+        asm.add(event)
+    message = ChatCompletion.model_validate(asm.result()).choices[0].message
+    assert [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls] == [
+        ("call_a", "get_weather", '{"city": "Paris"}')]
+    enc = ChatStreamEncoder.for_request(parse_chat_request(chat_body(tools=tools, parallel_tool_calls=False,
+                                                                     stream=True)))
+    chunks = [c for event in TOOL_CALL for c in enc.encode(event)]
+    done = accumulate(chunks, input_tools=tools)
+    assert [c.function.name for c in done.choices[0].message.tool_calls] == ["get_weather"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # left unset (OpenAI's default: true), every call stays
+    asm = ChatCompletionAssembler.for_request(parse_chat_request(chat_body(tools=tools)))
+    for event in TOOL_CALL:
+        asm.add(event)
+    assert len(asm.result()["choices"][0]["message"]["tool_calls"]) == 2
+
+
+def test_top_logprobs_has_at_most_the_alternatives_asked_for():
+    """vLLM's logprobs hold the top k plus the sampled token when it ranks below them (the worker's
+    `_logprobs` passes all on); OpenAI's `top_logprobs` never holds more than asked, and none for 0."""
+    from types import SimpleNamespace
+
+    from services.worker.vllm_engine import _logprobs
+
+    def entry(token: str, logprob: float, rank: int) -> SimpleNamespace:
+        return SimpleNamespace(decoded_token=token, logprob=logprob, rank=rank)
+
+    engine = _logprobs([9, 8], [{9: entry("z", -5.0, 7), 1: entry("a", -0.1, 1), 2: entry("b", -0.9, 2)},
+                                {8: entry("y", -0.2, 1)}])
+    assert [len(lp.top) for lp in engine] == [3, 1]  # k=2 (+ the sampled token), k=0 (+ the sampled token)
+    events = [delta("zy", logprobs=[lp(x.token, x.logprob, *((t.token, t.logprob) for t in x.top))
+                                    for x in engine]), final(STOP)]
+    for k, want in ((2, [["a", "b"], ["y"]]), (0, [[], []])):
+        req = parse_chat_request(chat_body(logprobs=True, **({"top_logprobs": k} if k else {})))
+        asm = ChatCompletionAssembler.for_request(req)
+        for event in events:
+            asm.add(event)
+        content = ChatCompletion.model_validate(asm.result()).choices[0].logprobs.content
+        assert [[t.token for t in c.top_logprobs] for c in content] == want
+        enc = ChatStreamEncoder.for_request(parse_chat_request(chat_body(logprobs=True, stream=True,
+                                                                         **({"top_logprobs": k} if k else {}))))
+        chunks = [c for event in events for c in enc.encode(event)]
+        streamed = ChatCompletionChunk.model_validate(chunks[1]).choices[0].logprobs.content
+        assert [[t.token for t in c.top_logprobs] for c in streamed] == want
+
+
 def test_sse_framing():
     frame = sse_event({"a": "é 🙂", "b": [1, None], 2: 0.5})
     assert frame == 'data: {"a":"é 🙂","b":[1,null],"2":0.5}\n\n'.encode()  # compact, UTF-8 unescaped

@@ -12,13 +12,14 @@ import pytest
 
 from clients.modelset import ConfigError, parse_model
 from mship.common.v1 import common_pb2
+from mship.worker.v1 import worker_pb2 as pb
 from services.common.errors import ServiceError
 from services.worker import llama_cpp_engine
 from services.worker.engine import Prompt
 from services.worker.gguf_models import resolve_gguf
 from services.worker.llama_cpp_engine import LlamaCppEngine, SlotPool, server_config
 from services.worker.llama_server import ServerConfig, gpu_layers
-from services.worker.sampling import Sampling
+from services.worker.sampling import Sampling, sampling_from_request
 from services.worker.vllm_engine import gpu_memory_share
 from tests.helpers import until
 
@@ -107,6 +108,39 @@ def test_the_completion_body_from_sampling():
         with pytest.raises(ServiceError) as refused:
             LlamaCppEngine._check(bad)
         assert refused.value.field_violations[0][0] == param
+
+
+def llama_body(s: Sampling) -> dict:
+    engine = LlamaCppEngine.__new__(LlamaCppEngine)
+    engine.max_model_len = 100
+    return engine._body(Prompt([1, 2, 3], "alice"), s, slot=0, reuse=False)
+
+
+def test_top_k_zero_reaches_llama_cpp_as_off():
+    """top_k 0 (vLLM: no top-k cut) must not fall back to llama-server's default top_k 40."""
+    body = llama_body(sampling_from_request(pb.InferRequest(sampling=pb.SamplingParams(top_k=0))))
+    assert body["top_k"] <= 0  # llama.cpp: <= 0 is off
+
+
+@pytest.mark.parametrize("seed, sent", [(7, 7), (0, 0), (0xFFFFFFFF, 0), (-2, 0xFFFFFFFD), (2**40 + 3, 259),
+                                        (-1, 0xFFFFFFFF)])
+def test_a_seed_stays_reproducible_on_llama_cpp(seed, sent):
+    """llama.cpp's seed is a uint32 whose 0xFFFFFFFF (what -1 wraps to) means "draw a random seed": a
+    client's seed (but -1, random as in vLLM) must never land there, and must be a uint32."""
+    assert llama_body(Sampling(seed=seed))["seed"] == sent
+
+
+@pytest.mark.parametrize("sampling, param", [
+    (Sampling(stop_token_ids=(2,)), "stop_token_ids"),
+    (Sampling(stop=("END",), include_stop_str_in_output=True), "include_stop_str_in_output"),
+    (Sampling(skip_special_tokens=False), "skip_special_tokens")])
+def test_vllm_extras_llama_cpp_cannot_honour_are_refused(sampling, param):
+    """vLLM honours these; llama-server has no per-request form of them, so they are refused by name
+    rather than silently dropped."""
+    with pytest.raises(ServiceError) as refused:
+        LlamaCppEngine._check(sampling)
+    assert refused.value.field_violations[0][0] == param
+    LlamaCppEngine._check(Sampling(include_stop_str_in_output=True))  # no stop string: nothing to include
 
 
 def test_models_yaml_llama_cpp_keys():

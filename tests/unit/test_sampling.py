@@ -39,7 +39,14 @@ def test_defaults_and_mapping():
     assert (s.max_tokens, s.temperature, s.n, s.logprobs, s.skip_special_tokens) == (None, None, 1, None, True)
     s = sampling_from_request(pb.InferRequest(sampling=pb.SamplingParams(
         max_tokens=5, temperature=0, top_k=0, logprobs=True, top_logprobs=2, keep_special_tokens=True)))
-    assert (s.max_tokens, s.temperature, s.top_k, s.logprobs, s.skip_special_tokens) == (5, 0.0, None, 2, False)
+    assert (s.max_tokens, s.temperature, s.top_k, s.logprobs, s.skip_special_tokens) == (5, 0.0, -1, 2, False)
+
+
+def test_top_k_zero_is_off_not_unset():
+    """top_k 0 asks for no top-k cut (vLLM: 0 or -1). It must not become "unset", which leaves the
+    engine's default: llama-server's is top_k 40."""
+    off = sampling_from_request(pb.InferRequest(sampling=pb.SamplingParams(top_k=0)))
+    assert off.top_k == -1 and sampling_from_request(pb.InferRequest()).top_k is None
 
 
 def test_response_formats():

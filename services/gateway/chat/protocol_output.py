@@ -42,15 +42,18 @@ class ChatCompletionAssembler(FinalAssembler):
     """Builds the non-streamed `chat.completion` from the worker's events: `add` each event, then
     `result()` (raises OpenAIError if the engine failed or no final event came)."""
 
-    def __init__(self, model: str, *, n: int = 1, logprobs: bool = False, completion_id: str | None = None,
+    def __init__(self, model: str, *, n: int = 1, logprobs: bool = False, top_logprobs: int | None = None,
+                 parallel_tool_calls: bool = True, completion_id: str | None = None,
                  created: int | None = None) -> None:
-        self.model, self.logprobs = model, logprobs
+        self.model, self.logprobs, self.parallel_tool_calls = model, logprobs, parallel_tool_calls
+        self.top_logprobs = top_logprobs
         self.id, self.created = stamp("chatcmpl", completion_id, created)
         self.choices = {i: _Choice() for i in range(n)}
 
     @classmethod
     def for_request(cls, req: ChatCompletionRequest, **kw: Any) -> ChatCompletionAssembler:
-        return cls(req.model, n=req.n or 1, logprobs=bool(req.logprobs), **kw)
+        return cls(req.model, n=req.n or 1, logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0,
+                   parallel_tool_calls=req.parallel_tool_calls is not False, **kw)
 
     def add_delta(self, delta: pb.Delta) -> None:
         self.choices.setdefault(delta.index, _Choice()).add(delta)
@@ -63,6 +66,8 @@ class ChatCompletionAssembler(FinalAssembler):
             calls = [{"id": c["id"] or new_id("call"), "type": "function",
                       "function": {"name": c["name"], "arguments": c["arguments"]}}
                      for _, c in sorted(state.calls.items())]
+            if not self.parallel_tool_calls:  # `parallel_tool_calls: false`: at most one call (as vLLM does)
+                calls = calls[:1]
             message: dict[str, Any] = {"role": "assistant", "content": state.text or (None if calls else ""),
                                        "refusal": None, "annotations": []}
             if calls:
@@ -70,7 +75,7 @@ class ChatCompletionAssembler(FinalAssembler):
             if state.reasoning:
                 message["reasoning_content"] = message["reasoning"] = state.reasoning
             choices.append({"index": index, "message": message, "finish_reason": reason,
-                            "logprobs": {"content": chat_logprobs(state.logprobs), "refusal": None}
+                            "logprobs": {"content": chat_logprobs(state.logprobs, self.top_logprobs), "refusal": None}
                             if self.logprobs else None})
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": choices, "usage": usage_dict(self.final.usage if self.final else None), "service_tier": None,
@@ -85,15 +90,19 @@ class ChatStreamEncoder:
     `body()` as an event, the way OpenAI reports errors mid-stream."""
 
     def __init__(self, model: str, *, include_usage: bool = False, logprobs: bool = False,
+                 top_logprobs: int | None = None, parallel_tool_calls: bool = True,
                  completion_id: str | None = None, created: int | None = None) -> None:
         self.model, self.include_usage, self.logprobs = model, include_usage, logprobs
+        self.top_logprobs, self.parallel_tool_calls = top_logprobs, parallel_tool_calls
         self.id, self.created = stamp("chatcmpl", completion_id, created)
         self.started: set[int] = set()
         self.call_ids: dict[tuple[int, int], str] = {}  # (choice, call index) -> id, once announced
 
     @classmethod
     def for_request(cls, req: ChatCompletionRequest, **kw: Any) -> ChatStreamEncoder:
-        return cls(req.model, include_usage=req.include_usage, logprobs=bool(req.logprobs), **kw)
+        return cls(req.model, include_usage=req.include_usage, logprobs=bool(req.logprobs),
+                   top_logprobs=req.top_logprobs or 0, parallel_tool_calls=req.parallel_tool_calls is not False,
+                   **kw)
 
     def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
         out = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
@@ -132,14 +141,20 @@ class ChatStreamEncoder:
         if event.HasField("delta"):
             d = event.delta
             out = self._open(d.index)
+            calls = d.tool_calls
+            if calls and not self.parallel_tool_calls:  # at most one call: the first (as vLLM does)
+                calls = [c for c in calls if c.index == 0]
+                if not (calls or d.text or d.reasoning or d.logprobs):
+                    return out
             delta: dict[str, Any] = {}
             if d.reasoning:  # both names: vLLM's current `reasoning`, and the `reasoning_content` many clients read
                 delta["reasoning_content"] = delta["reasoning"] = d.reasoning
-            if d.text or not (d.reasoning or d.tool_calls):
+            if d.text or not (d.reasoning or calls):
                 delta["content"] = d.text
-            if d.tool_calls:
-                delta["tool_calls"] = self._tool_calls(d.index, d.tool_calls)
-            logprobs = {"content": chat_logprobs(d.logprobs), "refusal": None} if self.logprobs else None
+            if calls:
+                delta["tool_calls"] = self._tool_calls(d.index, calls)
+            logprobs = {"content": chat_logprobs(d.logprobs, self.top_logprobs), "refusal": None} \
+                if self.logprobs else None
             return [*out, self.chunk([self._choice(d.index, delta, logprobs=logprobs)])]
         if not event.HasField("final"):
             return []

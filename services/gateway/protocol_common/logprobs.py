@@ -19,11 +19,12 @@ def _bytes(token: str, raw: bytes) -> list[int]:
     return list(raw or token.encode())
 
 
-def chat_logprobs(items: Iterable[pb.TokenLogprob]) -> list[dict[str, Any]]:
-    """Chat's `logprobs.content` entries."""
+def chat_logprobs(items: Iterable[pb.TokenLogprob], top: int | None = None) -> list[dict[str, Any]]:
+    """Chat's `logprobs.content` entries, each with at most `top` alternatives (OpenAI's `top_logprobs`:
+    vLLM adds the sampled token to its top k, one more than asked when it ranks below them)."""
     return [{"token": lp.token, "logprob": finite(lp.logprob), "bytes": _bytes(lp.token, lp.bytes),
              "top_logprobs": [{"token": t.token, "logprob": finite(t.logprob), "bytes": _bytes(t.token, t.bytes)}
-                              for t in lp.top]} for lp in items]
+                              for t in (lp.top if top is None else lp.top[:top])]} for lp in items]
 
 
 class LegacyLogprobs:
