@@ -296,6 +296,14 @@ class RoutingWatcher:
         finally:
             call.cancel()
 
+    def ended(self) -> str | None:
+        """Why the watch ended for good (it retries every failure it expects: only a bug ends it);
+        None while it runs, or before it started."""
+        task = self._task
+        if task is None or not task.done():
+            return None
+        return "cancelled" if task.cancelled() else repr(task.exception())
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

@@ -82,8 +82,13 @@ class GatewayDeployment:
         log.info("gateway on %s:%d (coordinator %s)", host, port, coordinator)
 
     def check_health(self) -> None:
+        """Fails (Serve replaces the replica) when its HTTP server stopped or its routing watch ended:
+        with the watch gone it would route on its last snapshot forever. A watch that is only broken
+        (the coordinator restarting, unreachable) retries on its own and is no reason to fail."""
         if not self.http.healthy():
             raise RuntimeError("the gateway's HTTP server is not running")
+        if (why := self.watcher.ended()) is not None:
+            raise RuntimeError(f"the gateway's routing watch ended: {why}")
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         return {"inflight": float(self.http.inflight)}
@@ -92,4 +97,5 @@ class GatewayDeployment:
         return self.table.version
 
     async def __del__(self) -> None:
-        await self.http.drain_and_stop()
+        if hasattr(self, "http"):  # (missing when __init__ failed before it, e.g. no replica context)
+            await self.http.drain_and_stop()

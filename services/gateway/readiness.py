@@ -1,5 +1,6 @@
 """`/health` (the process answers) and `/readyz` (routes received, every model asked for served by a
-healthy replica; per model its state and load time; `?scope=gateway`: routes received).
+healthy replica; per model its state and load time; `?scope=gateway`: routes received, answered
+without asking the coordinator, so without load times).
 
 Model states: `loaded` (healthy replicas take traffic), `scaled_to_zero` (autoscaled to no replica:
 a request starts one), `pending` (asked for, not serving yet) and `unhealthy` (every replica's
@@ -35,7 +36,9 @@ def readiness_router(table: RouteTable, coordinator: str) -> APIRouter:
         idle = sorted(name for name, route in table.routes.items() if route.scale_to_zero and not route.endpoints)
         loaded = sorted(set(table.routes) - set(idle))
         ready = table.received.is_set() and (scope == "gateway" or not (pending or unhealthy))
-        load_times = await _load_times(coordinator)
+        # The gateway's own probe never waits on the coordinator: one that hangs (its node lost) must
+        # not time out every gateway's probe while they route on their last snapshot.
+        load_times = {} if scope == "gateway" else await _load_times(coordinator)
         states = {**{n: "loaded" for n in loaded}, **{n: "scaled_to_zero" for n in idle},
                   **{n: "pending" for n in pending}, **{n: "unhealthy" for n in unhealthy}}
         models = {name: {"state": state, "replicas": len(table.routes[name].endpoints) if name in table.routes else 0,

@@ -40,7 +40,7 @@ class Gateway:
     def __init__(self, *, server_id: str = SERVER_ID, drain_s: float = 0, authenticator: Authenticator | None = None,
                  **settings: Any) -> None:
         self.table = RouteTable()
-        config = GatewaySettings(coordinator=f"127.0.0.1:{free_port()}", **{"max_body_bytes": MAX_BODY, **settings})
+        config = GatewaySettings(**{"coordinator": f"127.0.0.1:{free_port()}", "max_body_bytes": MAX_BODY, **settings})
         self.app = create_app(self.table, config, authenticator=authenticator or Authenticator())
         self.http = ReusePortServer(self.app, "127.0.0.1", 0, on_stop=self.table.close,
                                     drain_s=drain_s, graceful_s=2, server_id=server_id)

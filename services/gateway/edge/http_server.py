@@ -10,15 +10,111 @@ clients move to another replica, then let in-flight requests and SSE streams fin
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What uvicorn's httptools protocol leaves unbounded (a connection that never finishes its
+    headers, or stops sending its body, held a task and a file descriptor forever; an 8 MB header
+    was read whole and answered)."""
+
+    header_timeout_s: float = 20.0  # the request line and headers, from the connection (or the request's first byte)
+    body_idle_s: float = 30.0       # between two reads of a request body (while the app reads it)
+    max_header_bytes: int = 64 * 1024
+
+
+class _BoundedHttp(HttpToolsProtocol):
+    """uvicorn's httptools protocol within `HttpLimits`: 408 (or a silent close when nothing came)
+    past the header timeout, 431 past the header size, a close when a body stalls. Request side
+    only: nothing here runs per response write."""
+
+    def __init__(self, *args, limits: HttpLimits, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_head, self._head_bytes, self._begun = True, 0, 0
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.limits.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        began = self._begun if self._in_head else -1
+        super().data_received(data)
+        # Bytes of a head that began in an earlier read (all of this read is head): undercounts by
+        # at most one read, never counts a body.
+        if self._in_head and began == self._begun and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > self.limits.max_header_bytes:
+                self._refuse(b"431 Request Header Fields Too Large")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._head_bytes, self._begun = True, 0, self._begun + 1
+        self._arm(self.limits.header_timeout_s)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._disarm()
+        super().on_headers_complete()
+        if not self.expect_100_continue:  # that client waits for the app to ask for its body
+            self._arm(self.limits.body_idle_s)
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        self._arm(self.limits.body_idle_s)
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def _arm(self, delay_s: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(delay_s, self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        if self._in_head:
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._arm(self.limits.header_timeout_s)  # a pipelined head behind a response: that one first
+            elif self._begun:  # a head began and did not end
+                self._refuse(b"408 Request Timeout")
+            else:
+                self.transport.close()  # connected and sent nothing (a preconnect, or a slowloris)
+        elif self.flow.read_paused:  # the app has not read what came: the client is not the slow one
+            self._arm(self.limits.body_idle_s)
+        else:
+            self.transport.close()  # a stalled body: the app's receive() sees the disconnect
+
+    def _refuse(self, status: bytes) -> None:
+        self._disarm()
+        self.transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        self.transport.close()
 
 
 class _Tracker:
@@ -68,7 +164,7 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
 class ReusePortServer:
     def __init__(self, app, host: str, port: int, *, on_start: Callable[[], Awaitable[None]] | None = None,
                  on_stop: Callable[[], Awaitable[None]] | None = None, drain_s: float = 2.0,
-                 graceful_s: float = 20.0, server_id: str = "") -> None:
+                 graceful_s: float = 20.0, server_id: str = "", limits: HttpLimits = HttpLimits()) -> None:
         self.server_id = server_id
         self.inflight = 0
         self.draining = False
@@ -76,9 +172,11 @@ class ReusePortServer:
         self.sock = reuseport_socket(host, port)
         self.port = self.sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(
-            _Tracker(app, self), http="httptools", loop="none", lifespan="off", access_log=False,
-            log_level="warning", timeout_keep_alive=30, timeout_graceful_shutdown=graceful_s))
-        self.server.install_signal_handlers = lambda: None  # not the main thread
+            _Tracker(app, self), http=functools.partial(_BoundedHttp, limits=limits), loop="none", lifespan="off",
+            access_log=False, log_level="warning", timeout_keep_alive=30, timeout_graceful_shutdown=graceful_s))
+        # SIGTERM/SIGINT are the process's (Serve's, pytest's), not uvicorn's: on the main thread its
+        # serve() would take them for the time it serves and exit on one without the drain.
+        self.server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
         self._on_start, self._on_stop = on_start, on_stop
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
