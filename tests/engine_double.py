@@ -34,6 +34,7 @@ from services.worker.engine import (
 )
 from services.worker.host import SERVICE_NAME, ModelHost
 from services.worker.request_gate import RequestGate
+from services.worker.sampling import Sampling
 from services.worker.server import worker_server
 from services.worker.servicer import WorkerServicer
 
@@ -45,7 +46,9 @@ class ScriptedEngine(Engine):
     error at the first step, `fail_at` at that step (after the earlier chunks went out).
     `started`, `renders` and `cancelled` record what it saw: request ids whose generation began,
     every render request, and request ids whose generation was cancelled (the servicer's handler
-    cancelled, as when the gRPC call is cancelled) or closed before finishing.
+    cancelled, as when the gRPC call is cancelled) or closed before finishing; `samplings` the
+    sampling of each generation (e.g. the structured output a test's script stands for).
+    `prompt_tail` is how the rendered prompt text ends (a chat template that opens `<think>`).
     """
 
     def __init__(self, script: list[str], max_model_len: int = 64) -> None:
@@ -60,14 +63,17 @@ class ScriptedEngine(Engine):
         self.started: list[str] = []
         self.renders: list[RenderRequest] = []
         self.cancelled: list[str] = []
+        self.samplings: list[Sampling] = []
+        self.prompt_tail = ""
 
     async def render(self, req: RenderRequest) -> Prompt:
         self.renders.append(req)
         words = " ".join(m["content"] for m in req.messages or []) if req.messages else (req.prompt or "")
-        return Prompt(token_ids=list(range(len(words.split()))), engine_input=None)
+        return Prompt(token_ids=list(range(len(words.split()))), engine_input=None, tail=self.prompt_tail)
 
     async def generate(self, prompt, sampling, request_id, priority=0) -> AsyncIterator[StepOutput]:
         self.started.append(request_id)
+        self.samplings.append(sampling)
         finished = False
         try:
             await self.first_hold.wait()

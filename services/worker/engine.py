@@ -29,10 +29,20 @@ class RenderRequest:
 
 @dataclass
 class Prompt:
-    """A rendered prompt: token ids plus the engine's own input object."""
+    """A rendered prompt: token ids plus the engine's own input object, and the end of its text
+    where the engine knows it (decisions made once per request from how the chat template ended
+    the prompt, e.g. a `<think>` block it left open: parsers.opens_reasoning)."""
 
     token_ids: list[int]
     engine_input: Any
+    tail: str = ""  # the last TAIL_CHARS characters of the rendered text ("" where unknown)
+
+
+TAIL_CHARS = 32  # enough for "<think>" and the whitespace a template puts after it
+
+
+def tail_of(text: str) -> str:
+    return text[-TAIL_CHARS:]
 
 
 @dataclass

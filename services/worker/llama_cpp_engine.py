@@ -29,6 +29,7 @@ from services.worker.engine import (
     StepOutput,
     TokenLogprob,
     TopToken,
+    tail_of,
 )
 from services.worker.llama_inprocess import runtime_class
 from services.worker.llama_server import LlamaServer, ServerConfig, gpu_layers
@@ -190,7 +191,7 @@ class LlamaCppEngine(Engine):
             text = (await self._post("/apply-template", body))["prompt"]
         tokens = (await self._post("/tokenize", {"content": text, "add_special": True,
                                                  "parse_special": True}))["tokens"]
-        return Prompt(list(tokens), identity)
+        return Prompt(list(tokens), identity, tail=tail_of(text))
 
     @staticmethod
     def _check(s: Sampling) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Protocol
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
@@ -32,6 +33,42 @@ class Parsed:
         return bool(self.text or self.reasoning or self.tool_calls)
 
 
+class ChoiceParser(Protocol):
+    """What the servicer feeds a choice's text through: `StreamParser`, or the tool_choice parsers
+    (services/worker/tool_choice.py) that read a constrained generation as tool calls."""
+
+    tool_calls: int  # calls found so far
+    in_reasoning: bool
+    calls_finish: bool  # a "stop" with tool calls is reported as FINISH_REASON_TOOL_CALLS
+
+    def feed(self, delta: str) -> Parsed: ...
+
+    def finish(self) -> Parsed: ...
+
+
+def opens_reasoning(prompt_tail: str) -> bool:
+    """Whether a rendered prompt ending in `prompt_tail` leaves a `<think>` block open: the chat
+    template opened it (Qwen3 thinking, DeepSeek-R1-0528), so the output holds only `</think>`."""
+    return prompt_tail.rstrip().endswith(THINK_OPEN)
+
+
+def parse_call(body: str, index: int) -> ParsedToolCall | None:
+    """A `{"name": ..., "arguments" | "parameters": {...}}` object as call `index`; None if it is not one."""
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return ParsedToolCall(index=index, id=new_call_id(), name=obj["name"], arguments=args_text)
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 def _held_prefix(buf: str, tags: tuple[str, ...]) -> int:
     """Length of the longest suffix of `buf` that is a proper prefix of one of `tags`."""
     best = 0
@@ -44,9 +81,12 @@ def _held_prefix(buf: str, tags: tuple[str, ...]) -> int:
 
 
 class StreamParser:
-    """Split a choice's text deltas into content, reasoning and complete tool calls."""
+    """Split a choice's text deltas into content, reasoning and complete tool calls. `opened`: the
+    prompt left a `<think>` block open (`opens_reasoning`), so the output starts as reasoning."""
 
-    def __init__(self, *, reasoning: bool, tools: bool) -> None:
+    calls_finish = True
+
+    def __init__(self, *, reasoning: bool, tools: bool, opened: bool = False) -> None:
         self._reasoning = reasoning
         self._tools = tools
         self._buf = ""
@@ -55,6 +95,8 @@ class StreamParser:
         self.tool_calls = 0
         self.in_reasoning = False
         self._after_think = False
+        if reasoning and opened:
+            self._state, self.in_reasoning = "think", True
 
     def feed(self, delta: str) -> Parsed:
         self._buf += delta
@@ -138,15 +180,7 @@ class StreamParser:
         return True
 
     def _parse_call(self, body: str) -> ParsedToolCall | None:
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            return None
-        args = obj.get("arguments", obj.get("parameters", {}))
-        args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-        call = ParsedToolCall(index=self.tool_calls, id=f"call_{uuid.uuid4().hex[:24]}",
-                              name=obj["name"], arguments=args_text)
-        self.tool_calls += 1
+        call = parse_call(body, self.tool_calls)
+        if call is not None:
+            self.tool_calls += 1
         return call

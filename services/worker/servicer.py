@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import grpc
@@ -31,9 +31,10 @@ from services.worker.delivery import Deliveries
 from services.worker.engine import ChoiceDelta, Engine, Prompt, RenderRequest
 from services.worker.host import ModelHost
 from services.worker.inflight import InflightRequests
-from services.worker.parsers import StreamParser
+from services.worker.parsers import ChoiceParser, StreamParser, opens_reasoning
 from services.worker.request_gate import RequestGate
 from services.worker.sampling import Sampling, sampling_from_request
+from services.worker.tool_choice import ForcedCall, forced_call
 
 log = logging.getLogger(__name__)
 FINISH = {"stop": worker_pb2.FINISH_REASON_STOP, "length": worker_pb2.FINISH_REASON_LENGTH,
@@ -70,6 +71,9 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         engine = self._engine_for(request.model)
         sampling = sampling_from_request(request)
         render, parse_tools = self._render_request(request)
+        forced = forced_call(request, render.tools)  # tool_choice "required" or a named function
+        if forced is not None:
+            sampling = forced.constrain(sampling)
         try:
             prompt = await engine.render(render)  # llama.cpp renders and tokenizes on its server
         except ServiceError:
@@ -83,7 +87,7 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         delivery, tag, delivered = self.deliveries.attach(request), request.delivery.tag, 0
         try:
             async with self.gate.admitted(request_id):  # backpressure: an engine place, or a queue slot, or refused
-                async for event in self._stream(engine, prompt, sampling, request, request_id, parse_tools):
+                async for event in self._stream(engine, prompt, sampling, request, request_id, parse_tools, forced):
                     if event.HasField("final"):
                         outcome = "finished"
                         event.final.delivered = delivered
@@ -107,16 +111,19 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
             log.debug("infer %s on %s ended (%d prompt tokens)", request_id, request.model, len(prompt.token_ids))
 
     async def _stream(self, engine: Engine, prompt: Prompt, sampling: Sampling, request: worker_pb2.InferRequest,
-                      request_id: str, parse_tools: bool) -> AsyncIterator[worker_pb2.InferEvent]:
-        parsers: dict[int, StreamParser] = {}
+                      request_id: str, parse_tools: bool,
+                      forced: ForcedCall | None = None) -> AsyncIterator[worker_pb2.InferEvent]:
+        new_parser = self._parser_factory(prompt, request, parse_tools, forced)  # decided once per request
+        parsers: dict[int, ChoiceParser] = {}
         finishes: dict[int, worker_pb2.ChoiceFinish] = {}
         usage = common_pb2.Usage(prompt_tokens=len(prompt.token_ids))
         try:
             async for step in engine.generate(prompt, sampling, request_id, request.priority):
                 usage.prompt_tokens, usage.cached_tokens = step.prompt_tokens, step.cached_tokens
                 for choice in step.choices:
-                    parser = parsers.setdefault(choice.index, StreamParser(
-                        reasoning=request.parse_reasoning and self._reasoning_enabled(), tools=parse_tools))
+                    parser = parsers.get(choice.index)
+                    if parser is None:
+                        parser = parsers[choice.index] = new_parser()
                     event = self._delta(choice, parser, usage)
                     if event is not None:
                         yield event
@@ -131,7 +138,17 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         yield worker_pb2.InferEvent(final=worker_pb2.Final(
             choices=[finishes[i] for i in sorted(finishes)], usage=usage))
 
-    def _delta(self, choice: ChoiceDelta, parser: StreamParser,
+    def _parser_factory(self, prompt: Prompt, request: worker_pb2.InferRequest, parse_tools: bool,
+                        forced: ForcedCall | None) -> Callable[[], ChoiceParser]:
+        """How each choice's output is read: as the forced tool call(s), or split into reasoning,
+        content and tool calls (starting as reasoning where the prompt left `<think>` open)."""
+        if forced is not None:
+            return forced.parser_factory()
+        reasoning = request.parse_reasoning and self._reasoning_enabled()
+        opened = reasoning and opens_reasoning(prompt.tail)
+        return lambda: StreamParser(reasoning=reasoning, tools=parse_tools, opened=opened)
+
+    def _delta(self, choice: ChoiceDelta, parser: ChoiceParser,
                usage: common_pb2.Usage) -> worker_pb2.InferEvent | None:
         in_reasoning = parser.in_reasoning
         parsed = parser.feed(choice.text)
@@ -160,9 +177,9 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
                      for t in lp.top]) for lp in choice.logprobs)
         return event
 
-    def _finish(self, choice: ChoiceDelta, parser: StreamParser, request_id: str) -> worker_pb2.ChoiceFinish:
+    def _finish(self, choice: ChoiceDelta, parser: ChoiceParser, request_id: str) -> worker_pb2.ChoiceFinish:
         reason = FINISH.get(choice.finish_reason or "", worker_pb2.FINISH_REASON_ERROR)
-        if reason == worker_pb2.FINISH_REASON_STOP and parser.tool_calls:
+        if reason == worker_pb2.FINISH_REASON_STOP and parser.tool_calls and parser.calls_finish:
             reason = worker_pb2.FINISH_REASON_TOOL_CALLS
         return worker_pb2.ChoiceFinish(index=choice.index, finish_reason=reason,
                                        stop_sequence=choice.stop_sequence or "")

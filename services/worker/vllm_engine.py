@@ -25,6 +25,7 @@ from services.worker.engine import (
     StepOutput,
     TokenLogprob,
     TopToken,
+    tail_of,
 )
 from services.worker.sampling import Sampling
 
@@ -174,7 +175,19 @@ class VllmEngine(Engine):
         except Exception as e:  # template errors, bad content parts: the caller's input
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, Reason.UNSUPPORTED_INPUT,
                                f"cannot render the input for this model: {e}") from e
-        return Prompt(token_ids=list(engine_input["prompt_token_ids"]), engine_input=engine_input)
+        token_ids = list(engine_input["prompt_token_ids"])
+        return Prompt(token_ids=token_ids, engine_input=engine_input, tail=self._tail(engine_input, token_ids))
+
+    def _tail(self, engine_input: Any, token_ids: list[int]) -> str:
+        """The end of the rendered text: the renderer keeps the text it tokenized; else the last
+        few tokens decoded (once per request)."""
+        text = engine_input.get("prompt")
+        if isinstance(text, str):
+            return tail_of(text)
+        try:
+            return tail_of(self._engine.renderer.get_tokenizer().decode(token_ids[-8:]))
+        except Exception:  # no tokenizer (e.g. skip_tokenizer_init): no tail, nothing decided from it
+            return ""
 
     async def generate(self, prompt: Prompt, sampling: Sampling, request_id: str,
                        priority: int = 0) -> AsyncIterator[StepOutput]:

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from services.worker.parsers import StreamParser
+from services.worker.parsers import StreamParser, opens_reasoning
 
 THINK = "<think>17 + 25 = 42.</think>\nThe answer is 42."
 TOOL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -55,3 +55,26 @@ def test_think_only_counts_at_the_start():
 
 def test_unterminated_reasoning_stays_reasoning():
     assert run("<think>still thinking", 3, reasoning=True, tools=False) == ("", "still thinking", [])
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 100])
+def test_a_think_block_the_prompt_opened_is_reasoning_at_any_chunking(chunk):
+    """The chat template opened `<think>` (Qwen3 thinking, DeepSeek-R1-0528): the output holds only
+    `</think>`; it starts as reasoning and no `</think>` reaches the content."""
+    assert run("17 + 25 = 42.</think>\n\nThe answer is 42.", chunk, reasoning=True, tools=True, opened=True) == (
+        "The answer is 42.", "17 + 25 = 42.", [])
+    assert run("42</think>" + TOOL, chunk, reasoning=True, tools=True, opened=True) == (
+        "", "42", [("get_weather", {"city": "Paris"})])
+
+
+def test_an_opened_think_block_counts_only_with_reasoning_on():
+    assert run("x</think>y", 2, reasoning=False, tools=False, opened=True) == ("x</think>y", "", [])
+    assert StreamParser(reasoning=True, tools=False, opened=True).in_reasoning
+
+
+@pytest.mark.parametrize("tail, opened", [
+    ("<|im_start|>assistant\n<think>\n", True), ("<｜Assistant｜><think>", True), ("<think>\n\n", True),
+    ("<|im_start|>assistant\n<think>\n\n</think>\n\n", False),  # thinking switched off by the template
+    ("<|im_start|>assistant\n", False), ("", False), ("say <think> then", False)])
+def test_a_prompt_opens_reasoning_only_when_it_ends_in_think(tail, opened):
+    assert opens_reasoning(tail) is opened

@@ -181,3 +181,71 @@ async def test_an_embed_made_again_supersedes_its_older_call():
     finally:
         engine.hold.set()
         await worker.server.stop(0)
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "", "parameters": {"type": "object"}}}
+
+
+async def test_a_named_tool_choice_constrains_the_output_to_that_call(served):
+    """tool_choice naming a function: the engine generates that function's arguments (its
+    parameters as the JSON schema), which stream out as one call (id and name first), never as
+    text; the finish reason stays "stop", as vLLM's server (and OpenAI) report it."""
+    engine = ScriptedEngine([' {"city"', ': "Pa', 'ris"}'])
+    stub = await served(engine)
+    events = [e async for e in stub.Infer(chat("weather?", model="m", tools=[WEATHER, TIME], tool_choice=pb.ToolChoice(
+        mode=pb.TOOL_CHOICE_MODE_FUNCTION, function_name="get_weather")))]
+    calls = [c for e in events[:-1] for c in e.delta.tool_calls]
+    assert all(not e.delta.text for e in events[:-1]) and len(calls) == 3  # streamed as generated
+    assert (calls[0].index, calls[0].name, bool(calls[0].id)) == (0, "get_weather", True)
+    assert all(c.index == 0 and not c.id and not c.name for c in calls[1:])
+    assert "".join(c.arguments for c in calls) == '{"city": "Paris"}'
+    assert events[-1].final.choices[0].finish_reason == pb.FINISH_REASON_STOP
+    assert engine.samplings[0].json_schema == WEATHER["function"]["parameters"]
+    assert [t["function"]["name"] for t in engine.renders[0].tools] == ["get_weather"]
+
+
+async def test_tool_choice_required_constrains_the_output_to_calls(served):
+    """tool_choice "required": the engine generates a JSON array of {name, parameters} (vLLM's
+    schema), read as tool calls; "stop" becomes "tool_calls"."""
+    out = '[{"name": "get_weather", "parameters": {"city": "Paris {x} [y]"}}, {"name": "get_time", "parameters": {}}]'
+    engine = ScriptedEngine([out[i:i + 6] for i in range(0, len(out), 6)])
+    stub = await served(engine)
+    r = await collect(stub, chat("weather?", model="m", tools=[WEATHER, TIME], parallel_tool_calls=True,
+                                 tool_choice=pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_REQUIRED)))
+    assert r.text == "" and [(c.index, c.name, c.arguments) for c in r.tool_calls] == [
+        (0, "get_weather", '{"city": "Paris {x} [y]"}'), (1, "get_time", "{}")]
+    assert r.final.choices[0].finish_reason == pb.FINISH_REASON_TOOL_CALLS
+    schema = engine.samplings[0].json_schema
+    assert schema["type"] == "array" and schema["minItems"] == 1 and "maxItems" not in schema
+    assert [a["properties"]["name"]["enum"] for a in schema["items"]["anyOf"]] == [["get_weather"], ["get_time"]]
+    await collect(stub, chat("weather?", model="m", tools=[WEATHER, TIME],  # parallel_tool_calls false: one call
+                             tool_choice=pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_REQUIRED)))
+    assert engine.samplings[1].json_schema["maxItems"] == 1
+
+
+async def test_a_forced_tool_choice_with_a_response_format_is_refused(served):
+    engine = ScriptedEngine(["{}"])
+    stub = await served(engine)
+    fmt = pb.ResponseFormat(json_schema=pb.JsonSchema(name="x", schema_json='{"type": "object"}'))
+    for choice in (pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_REQUIRED),
+                   pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_FUNCTION, function_name="get_weather")):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await collect(stub, chat("weather?", model="m", tools=[WEATHER], tool_choice=choice, response_format=fmt))
+        d = ErrorDetails.from_rpc_error(info.value)
+        assert d.code == grpc.StatusCode.INVALID_ARGUMENT and d.field_violations[0][0] == "tool_choice"
+    assert engine.started == []
+
+
+async def test_a_prompt_that_opens_think_starts_the_output_as_reasoning(served):
+    """A chat template that opens `<think>` itself (Qwen3 thinking, DeepSeek-R1-0528): the output
+    holds only `</think>`; what comes before it is reasoning, not content."""
+    engine = ScriptedEngine(["17 + 25", " = 42.", "</think>", "\n\nThe answer is 42."])
+    engine.prompt_tail = "<|im_start|>assistant\n<think>\n"
+    stub = await served(engine)
+    r = await collect(stub, chat("sum?", model="m", parse_reasoning=True))
+    assert (r.reasoning, r.text) == ("17 + 25 = 42.", "The answer is 42.")
+    assert (r.final.usage.reasoning_tokens, r.final.usage.completion_tokens) == (3, 4)  # </think> counted in
+    plain = await collect(stub, chat("sum?", model="m"))  # reasoning not asked for: all text, as before
+    assert plain.text == "17 + 25 = 42.</think>\n\nThe answer is 42." and plain.reasoning == ""
