@@ -3,12 +3,17 @@
 
 WAV and raw PCM need nothing; MP3, FLAC, AAC (ADTS) and Opus (Ogg) are encoded by PyAV's bundled
 FFmpeg where it is installed (the `speech` extra brings it); elsewhere they are refused before any
-engine work, naming the formats this worker can produce.
+engine work, naming the formats this worker can produce. Raw PCM is what OpenAI sends: 24 kHz, a
+voice's own rate resampled by PyAV (without PyAV: the voice's own rate, as `AudioStart` says).
+
+An encoder is used by one call at a time; its methods hold a lock, so the call may run them in a
+thread (off the worker's event loop) and close it from another once that work is done.
 """
 
 from __future__ import annotations
 
 import struct
+import threading
 from functools import cache
 from typing import Any
 
@@ -26,6 +31,7 @@ COMPRESSED: dict[int, tuple[str, str, int | None, int | None]] = {
 NAMES = {F.AUDIO_FORMAT_WAV: "wav", F.AUDIO_FORMAT_PCM: "pcm", F.AUDIO_FORMAT_MP3: "mp3",
          F.AUDIO_FORMAT_FLAC: "flac", F.AUDIO_FORMAT_AAC: "aac", F.AUDIO_FORMAT_OPUS: "opus"}
 UNKNOWN_SIZE = 0xFFFFFFFF  # a streamed WAV's sizes: not known when the header is sent
+PCM_RATE = 24_000  # OpenAI's `pcm`: raw 24 kHz 16-bit mono little-endian
 
 
 @cache
@@ -80,8 +86,17 @@ class Encoder:
                                                        f"here; supported formats: {names}")
         self.format, self.input_rate = fmt, sample_rate
         self.output_rate = sample_rate
+        self._lock = threading.Lock()
         self._started = False
         self._av: tuple[Any, Any, _Sink] | None = None
+        self._resampler: Any = None
+        if fmt == F.AUDIO_FORMAT_PCM and sample_rate != PCM_RATE:
+            try:
+                import av
+            except ImportError:  # no resampler here: the voice's own rate (AudioStart says which)
+                return
+            self.output_rate = PCM_RATE
+            self._resampler = av.AudioResampler(format="s16", layout="mono", rate=PCM_RATE)
         if fmt in COMPRESSED:
             import av
 
@@ -95,39 +110,55 @@ class Encoder:
             self._av = (container, stream, sink)
 
     def encode(self, pcm: bytes) -> bytes:
-        if self._av is None:
-            head = b""
-            if not self._started and self.format == F.AUDIO_FORMAT_WAV:
-                head = wav_header(self.input_rate)
-            self._started = True
-            return head + pcm
+        with self._lock:
+            if self._resampler is not None:
+                return self._resample(self._frame(pcm))
+            if self._av is None:
+                head = b""
+                if not self._started and self.format == F.AUDIO_FORMAT_WAV:
+                    head = wav_header(self.input_rate)
+                self._started = True
+                return head + pcm
+            container, stream, sink = self._av
+            for packet in stream.encode(self._frame(pcm)):  # resampled to the codec's format and rate as needed
+                container.mux(packet)
+            return sink.take()
+
+    def _frame(self, pcm: bytes) -> Any:
         import av
         import numpy as np
 
-        container, stream, sink = self._av
         frame = av.AudioFrame.from_ndarray(np.frombuffer(pcm, dtype="<i2").reshape(1, -1), format="s16",
                                            layout="mono")
         frame.sample_rate = self.input_rate
-        for packet in stream.encode(frame):  # resampled to the codec's format and rate as needed
-            container.mux(packet)
-        return sink.take()
+        return frame
+
+    def _resample(self, frame: Any) -> bytes:
+        """Raw PCM at PCM_RATE: the resampler's next samples (`frame` None: the rest)."""
+        return b"".join(out.to_ndarray().astype("<i2").tobytes() for out in self._resampler.resample(frame))
 
     def finish(self) -> bytes:
-        if self._av is None:
-            return b"" if self._started or self.format != F.AUDIO_FORMAT_WAV else wav_header(self.input_rate)
-        container, stream, sink = self._av
-        for packet in stream.encode(None):
-            container.mux(packet)
-        container.close()
-        self._av = None
-        return sink.take()
+        with self._lock:
+            if self._resampler is not None:
+                tail, self._resampler = self._resample(None), None
+                return tail
+            if self._av is None:
+                return b"" if self._started or self.format != F.AUDIO_FORMAT_WAV else wav_header(self.input_rate)
+            container, stream, sink = self._av
+            for packet in stream.encode(None):
+                container.mux(packet)
+            container.close()
+            self._av = None
+            return sink.take()
 
     def close(self) -> None:
         """Drop an unfinished encoder (the call ended early)."""
-        if self._av is not None:
-            container, _, _ = self._av
-            self._av = None
-            try:
-                container.close()
-            except Exception:  # a muxer closed before its header: nothing to keep
-                pass
+        with self._lock:
+            self._resampler = None
+            if self._av is not None:
+                container, _, _ = self._av
+                self._av = None
+                try:
+                    container.close()
+                except Exception:  # a muxer closed before its header: nothing to keep
+                    pass

@@ -1,7 +1,8 @@
 """The worker's audio calls, `Synthesize` and `Transcribe` (a part of `WorkerServicer`): validated,
-admitted through the same backpressure gate as Infer, streamed as the engine produces, stopped when
-the call is cancelled (the handler's cancellation closes the engine's iterator: no next sentence or
-segment) or when `Cancel` names the request.
+admitted through the same backpressure gate as Infer, streamed as the engine produces (encoded in a
+thread: FFmpeg's work never blocks the worker's event loop), stopped when the call is cancelled
+(the handler's cancellation closes the engine's iterator: no next sentence or segment) or when
+`Cancel` names the request.
 """
 
 from __future__ import annotations
@@ -84,12 +85,12 @@ class AudioCalls:
                         yield pb.SynthesizeEvent(start=pb.AudioStart(
                             format=encoder.format, sample_rate=encoder.output_rate, channels=1))
                     samples += len(pcm) // 2
-                    data = encoder.encode(pcm)
+                    data = await asyncio.to_thread(encoder.encode, pcm)  # FFmpeg's work: off the event loop
                     if data:
                         yield pb.SynthesizeEvent(audio=data)
                 if not started:
                     raise invalid_parameter("input", "the input has nothing to speak")
-                tail = encoder.finish()
+                tail = await asyncio.to_thread(encoder.finish)
                 if tail:
                     yield pb.SynthesizeEvent(audio=tail)
             except ServiceError:
@@ -97,8 +98,8 @@ class AudioCalls:
             except Exception as e:
                 raise await self._engine_failure(engine, request_id, e) from e
             finally:
-                encoder.close()
                 await chunks.aclose()  # stops the engine (no next sentence) however this ends
+                await asyncio.to_thread(encoder.close)  # once an encode still in its thread is done
             yield pb.SynthesizeEvent(done=pb.SynthesizeDone(audio_seconds=samples / engine.sample_rate,
                                                             input_characters=len(text)))
 

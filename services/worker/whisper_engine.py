@@ -3,10 +3,11 @@
 
 The model is a CTranslate2 Whisper directory (`model.bin`, `config.json`, `tokenizer.json`,
 `vocabulary.json`: what builtin:whisper-base builds). The uploaded file is decoded by PyAV (its
-bundled FFmpeg: wav, mp3, flac, ogg, m4a, webm...) to 16 kHz mono; audio longer than
-`MSHIP_MAX_AUDIO_SECONDS` is refused. faster-whisper's segments are a lazy generator: each step
-decodes the next window, so a stopped request decodes no further window. CTranslate2 gets the
-replica's CPU share as its thread count (`num_cpus`, at least one thread).
+bundled FFmpeg: wav, mp3, flac, ogg, m4a, webm...) to 16 kHz mono, in the request's thread; audio
+longer than `MSHIP_MAX_AUDIO_SECONDS` is refused once that much is decoded (the file is never held
+whole). faster-whisper's segments are a lazy generator: each step decodes the next window, so a
+stopped request decodes no further window. CTranslate2 gets the replica's CPU share as its thread
+count (`num_cpus`, at least one thread).
 
 engine_args: `compute_type` (default int8 on CPU), and transcription options passed as they are:
 `beam_size` (default 5; 1 is greedy: faster, a little less accurate), `best_of`, `patience`,
@@ -17,8 +18,10 @@ engine_args: `compute_type` (default int8 on CPU), and transcription options pas
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import logging
+import math
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -36,6 +39,8 @@ from services.worker.engine import TranscribeOptions, TranscriptInfo, Transcript
 log = logging.getLogger(__name__)
 SAMPLE_RATE = 16_000  # what Whisper listens at
 DEFAULT_MAX_AUDIO_SECONDS = 1500.0
+MIN_AUDIO_SECONDS = 0.1  # OpenAI's shortest
+DECODE_GROUP = 500_000  # samples at the file's own rate decoded before each resampling (as faster-whisper)
 TRANSCRIBE_ARGS = {"beam_size", "best_of", "patience", "vad_filter", "condition_on_previous_text",
                    "no_speech_threshold", "compression_ratio_threshold", "log_prob_threshold", "chunk_length",
                    "hallucination_silence_threshold"}
@@ -103,13 +108,12 @@ class WhisperEngine(AudioEngine):
             raise invalid_parameter("file", "the audio file is empty")
 
         def work(stop: threading.Event) -> Iterator[TranscriptInfo | TranscriptSegment]:
-            samples = decode(audio)
-            duration = len(samples) / SAMPLE_RATE
-            if duration > self.max_audio_s:
-                raise invalid_parameter("file", f"the audio is {duration:.0f} s long; this model transcribes at most "
-                                                f"{self.max_audio_s:.0f} s")
+            samples = decode(audio, self.max_audio_s, stop)  # refused as soon as it runs past the limit
             if stop.is_set():
                 return
+            if len(samples) < MIN_AUDIO_SECONDS * SAMPLE_RATE:  # OpenAI's audio_too_short
+                raise invalid_parameter("file", f"the audio is {len(samples) / SAMPLE_RATE:.2f} s long; the "
+                                                f"shortest this model transcribes is {MIN_AUDIO_SECONDS} s")
             kwargs = dict(self.transcribe_args)
             if options.temperature is not None:
                 kwargs["temperature"] = options.temperature
@@ -130,16 +134,63 @@ class WhisperEngine(AudioEngine):
             yield item
 
 
-def decode(audio: bytes) -> Any:
-    """16 kHz mono float samples of an uploaded file, or INVALID_PARAMETER naming `file`."""
-    from faster_whisper import decode_audio
+def decode(audio: bytes, max_seconds: float = math.inf, stop: threading.Event | None = None) -> Any:
+    """16 kHz mono float samples of an uploaded file, or INVALID_PARAMETER naming `file` (not audio,
+    or longer than `max_seconds`). Decoded frame group by frame group (faster-whisper's own decoder
+    keeps the whole file in memory first): a long file is refused once its first `max_seconds` are
+    decoded, and a stopped request (`stop`) decodes no further."""
+    import av
+    import numpy as np
 
+    limit = max_seconds * SAMPLE_RATE
+    resampler = av.audio.resampler.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+    parts: list[Any] = []
+    count = 0
     try:
-        return decode_audio(io.BytesIO(audio), sampling_rate=SAMPLE_RATE)
+        with av.open(io.BytesIO(audio), mode="r", metadata_errors="ignore") as container:
+            if not container.streams.audio:
+                raise invalid_parameter("file", "the file holds no audio track")
+            for group in _frame_groups(container.decode(audio=0), stop):
+                for out in resampler.resample(group):
+                    parts.append(out.to_ndarray().reshape(-1))
+                    count += parts[-1].shape[0]
+                if count > limit:
+                    raise invalid_parameter("file", f"the audio is longer than {max_seconds:.0f} s, the most this "
+                                                    "model transcribes")
+    except ServiceError:
+        raise
     except Exception as e:  # PyAV's errors (not audio, truncated, no audio stream)
         raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_PARAMETER,
                            f"the file could not be decoded as audio ({type(e).__name__})",
                            field_violations=[("file", "not a decodable audio file")]) from e
+    finally:
+        del resampler
+        gc.collect()  # PyAV's resampler holds FFmpeg memory until collected (faster-whisper#390)
+    samples = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
+    return samples.astype(np.float32) / 32768.0
+
+
+def _frame_groups(frames: Iterator[Any], stop: threading.Event | None) -> Iterator[Any]:
+    """The decodable frames in groups of about DECODE_GROUP samples, then None (the resampler's
+    flush). A damaged frame inside a file is skipped, as faster-whisper does; a stopped request
+    ends the groups early."""
+    import av
+
+    fifo = av.audio.fifo.AudioFifo()
+    while stop is None or not stop.is_set():
+        try:
+            frame = next(frames)
+        except StopIteration:
+            break
+        except av.error.InvalidDataError:
+            continue
+        frame.pts = None  # as faster-whisper does: no timestamp checks across the group
+        fifo.write(frame)
+        if fifo.samples >= DECODE_GROUP:
+            yield fifo.read()
+    if fifo.samples > 0:
+        yield fifo.read()
+    yield None
 
 
 def segment_of(s: Any) -> TranscriptSegment:

@@ -49,6 +49,7 @@ def test_speech_defaults_and_worker_request():
     ({"input": "x", "voice": "a"}, "model"),
     ({"model": "t", "input": "x"}, "voice"),
     ({"model": "t", "input": "x", "voice": {"name": "a"}}, "voice"),
+    ({"model": "t", "input": "x", "voice": ""}, "voice"),
     ({"model": "t", "input": "x", "voice": "a", "speed": 0.1}, "speed"),
     ({"model": "t", "input": "x", "voice": "a", "stream_format": "chunks"}, "stream_format"),
 ])
@@ -118,7 +119,7 @@ def test_streamed_wav_and_pcm():
         assert (w.getframerate(), w.readframes(1000)) == (22050, b"\x01\x00" * 100 + b"\x02\x00" * 50)
     with wave.open(io.BytesIO(wav_header(16000, 4) + b"\x00" * 4)) as w:
         assert w.getnframes() == 2
-    pcm = Encoder(pb.AUDIO_FORMAT_PCM, 8000)
+    pcm = Encoder(pb.AUDIO_FORMAT_PCM, 24000)  # OpenAI's pcm rate: nothing to resample
     assert pcm.encode(b"ab") + pcm.finish() == b"ab"
 
 

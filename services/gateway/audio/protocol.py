@@ -2,8 +2,9 @@
 each audio format, and the `speech.audio.*` events of `stream_format: "sse"`.
 
 The audio itself is encoded by the worker (it has the encoders); the edge sends its bytes as they
-come. `pcm` is raw signed 16-bit little-endian mono at the voice's own rate (OpenAI's is 24 kHz:
-read `x-mship-sample-rate`); `wav` is streamed, so its size fields say "unknown" (0xFFFFFFFF).
+come. `pcm` is raw signed 16-bit little-endian mono at 24 kHz, as OpenAI's (the worker resamples
+the voice; `x-mship-sample-rate` says the rate); `wav` is streamed, so its size fields say
+"unknown" (0xFFFFFFFF).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class SpeechRequest(WireModel):
             voice_id = self.voice.get("id")
             if set(self.voice) != {"id"} or not isinstance(voice_id, str):
                 raise invalid("voice", "Invalid 'voice': expected a voice name or {\"id\": \"...\"}.", self.voice)
+        if not self.voice_name.strip():
+            raise invalid("voice", "Invalid 'voice': must not be empty; give a voice name such as 'alloy'.",
+                          self.voice)
         if self.instructions:  # Piper voices speak the text as it is written
             raise invalid("instructions", "This model does not take 'instructions'; leave it out.", self.instructions)
         return self
