@@ -4,6 +4,7 @@ next to a generation model; the usecase checks of every endpoint; the worker's r
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 import struct
@@ -17,9 +18,10 @@ import pytest
 from mship.common.v1 import common_pb2
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from services.common.errors import Reason, ServiceError, invalid_parameter
+from services.gateway.embeddings.protocol import MAX_INPUTS
 from tests.engine_double import ScriptedEngine, ServedWorker, serve_worker
 from tests.helpers import until
-from tests.unit.gateway_harness import SCRIPT, Gateway
+from tests.unit.gateway_harness import SCRIPT, Gateway, hang_up, raw_post
 
 pytest_plugins = ("tests.unit.gateway_fixtures",)  # its fixtures: gateway, client, oai
 pytestmark = pytest.mark.timeout(60)
@@ -40,31 +42,56 @@ class EmbeddingEngine(ScriptedEngine):
     supports_embeddings = True
     embedding_dimension = DIM
 
-    def __init__(self) -> None:
+    def __init__(self, dim: int = DIM) -> None:
         super().__init__([], max_model_len=MAX_LEN)
+        self.embedding_dimension = dim
         self.embedded: list[list[str | list[int]]] = []
 
     async def embed(self, inputs, dimensions):
         self.embedded.append(list(inputs))
+        try:
+            await self.hold.wait()  # set unless a test parks the engine mid-batch
+        except asyncio.CancelledError:
+            self.cancelled.append(inputs[0])
+            raise
         if dimensions is not None:
             raise invalid_parameter("dimensions", "this model cannot shorten its embeddings")
         counts = [len(x.split()) if isinstance(x, str) else len(x) for x in inputs]
         if max(counts) > MAX_LEN:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, Reason.CONTEXT_TOO_LONG, "input too long",
                                field_violations=[("input", "input is longer than the context")])
+        if "broken" in inputs:  # a model whose numbers overflowed
+            return [[math.nan if x == "broken" else 0.5] * DIM for x in inputs], sum(counts)
+        if self.embedding_dimension != DIM:  # wide: one value per input, cheap to make at any size
+            return [[float(sum(map(ord, x)))] * self.embedding_dimension for x in inputs], sum(counts)
         return [vector(x) for x in inputs], sum(counts)
 
 
+@pytest.fixture(scope="module")
+async def gateway() -> AsyncIterator[Gateway]:
+    """The fixtures' gateway, taking bodies the size of a full batch."""
+    gw = Gateway(max_body_bytes=2**20)
+    yield gw
+    await gw.stop()
+
+
 @pytest.fixture
-async def embedder(gateway: Gateway) -> AsyncIterator[ServedWorker]:
+def dim() -> int:
+    """The embedding model's dimension (a test overrides it with `parametrize`)."""
+    return DIM
+
+
+@pytest.fixture
+async def embedder(gateway: Gateway, dim: int) -> AsyncIterator[ServedWorker]:
     """EMB (usecase embed) on an embedding worker, CHAT_MODEL (generate) on a scripted one."""
-    emb = await serve_worker(EmbeddingEngine(), name=EMB)
+    emb = await serve_worker(EmbeddingEngine(dim), name=EMB)
     chat = await serve_worker(ScriptedEngine(SCRIPT))
     gateway.version += 1
     snapshot = cpb.RoutingSnapshot(version=gateway.version)
     for name, worker, usecase in ((EMB, emb, common_pb2.USECASE_EMBED),
                                   (CHAT_MODEL, chat, common_pb2.USECASE_GENERATE)):
-        model = snapshot.models.add(name=name, version="v1", max_model_len=MAX_LEN, usecase=usecase)
+        model = snapshot.models.add(name=name, version="v1", max_model_len=MAX_LEN, usecase=usecase,
+                                    embedding_dimension=dim if worker is emb else 0)
         replica = model.replicas.add(replica_id=f"{name}-r0", model=name, version="v1")
         replica.endpoint.host, replica.endpoint.port = "127.0.0.1", worker.port
     await gateway.on_loop(lambda: gateway.table.apply(snapshot))
@@ -74,6 +101,7 @@ async def embedder(gateway: Gateway) -> AsyncIterator[ServedWorker]:
         await until(lambda: all(e.outstanding == 0 for r in gateway.table.routes.values() for e in r.endpoints),
                     "the picker's outstanding counts to return to 0")
     finally:
+        emb.engine.hold.set()
         for w in (emb, chat):
             await w.server.stop(0)
 
@@ -178,3 +206,34 @@ async def test_models_show_the_embedding_dimension(gateway: Gateway, client: htt
     cards = {c["id"]: c for c in (await client.get("/v1/models")).json()["data"]}
     assert cards[EMB]["embedding_dimension"] == DIM and "embedding_dimension" not in cards[CHAT_MODEL]
     assert (await client.get(f"/v1/models/{EMB}")).json()["embedding_dimension"] == DIM
+
+
+@pytest.mark.parametrize("encoding_format", ["float", "base64"])
+async def test_a_nan_vector_is_a_500_in_either_encoding(embedder, client: httpx.AsyncClient, encoding_format):
+    r = await client.post("/v1/embeddings", json={"model": EMB, "input": ["ok", "broken"],
+                                                  "encoding_format": encoding_format})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error", r.text
+
+
+WIDE = 8192  # e.g. a 70B GGUF mean-pooled by the llama_cpp loader: 2048 of its vectors pass 64 MiB
+
+
+@pytest.mark.parametrize("dim", [WIDE])
+async def test_a_full_batch_of_wide_vectors_is_answered_in_order(embedder, oai: openai.AsyncOpenAI):
+    texts = [f"t{i}" for i in range(MAX_INPUTS)]
+    out = await oai.embeddings.create(model=EMB, input=texts)  # base64, as the SDK asks by default
+    assert [d.index for d in out.data] == list(range(MAX_INPUTS))
+    assert all(d.embedding == [float(sum(map(ord, t)))] * WIDE for d, t in zip(out.data, texts, strict=True))
+    assert out.usage.prompt_tokens == MAX_INPUTS
+    batches = embedder.engine.embedded  # in the order the calls reached the engine
+    assert sorted(t for batch in batches for t in batch) == sorted(texts) and len(batches) > 1
+
+
+@pytest.mark.parametrize(("dim", "n"), [(DIM, 2), (WIDE, 1024)])  # one worker call; several
+async def test_a_client_that_hangs_up_cancels_the_embedding(embedder, gateway: Gateway, n):
+    embedder.engine.hold.clear()
+    _, writer = await raw_post(gateway.http.port, "/v1/embeddings", {"model": EMB, "input": ["a"] * n})
+    embedded = embedder.engine.embedded
+    await until(lambda: sum(map(len, embedded)) == n, "every input to reach the engine")
+    await hang_up(writer)
+    await until(lambda: len(embedder.engine.cancelled) == len(embedded), "the engine's work to be cancelled")

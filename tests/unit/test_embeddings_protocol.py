@@ -4,7 +4,6 @@ the response object (float and base64 encodings of the same float32 vector)."""
 from __future__ import annotations
 
 import base64
-import math
 import struct
 
 import pytest
@@ -12,11 +11,13 @@ import pytest
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
 from services.gateway.embeddings.protocol import (
+    CALL_BYTES,
     MAX_INPUTS,
     embedding_list,
     encode_vector,
     parse_embedding_request,
     to_embed_request,
+    to_embed_requests,
 )
 from services.gateway.protocol_common.openai_error import OpenAIError
 from tests.helpers import refused
@@ -95,7 +96,7 @@ VECTORS = ([0.1, -0.25, 3.3e-5], [1.0 / 3, 2.0, -7.75])
 
 
 def test_float_response_in_input_order():
-    body = embedding_list(req(input=["a", "b"]), reply(*VECTORS))
+    body = embedding_list(req(input=["a", "b"]), [reply(*VECTORS)])
     assert body["object"] == "list" and body["model"] == M
     assert body["usage"] == {"prompt_tokens": 5, "total_tokens": 5}
     assert [d["index"] for d in body["data"]] == [0, 1]
@@ -106,8 +107,8 @@ def test_float_response_in_input_order():
 
 
 def test_base64_is_the_little_endian_float32_bytes_of_the_float_vector():
-    floats = embedding_list(req(input=["a", "b"]), reply(*VECTORS))
-    b64 = embedding_list(req(input=["a", "b"], encoding_format="base64"), reply(*VECTORS))
+    floats = embedding_list(req(input=["a", "b"]), [reply(*VECTORS)])
+    b64 = embedding_list(req(input=["a", "b"], encoding_format="base64"), [reply(*VECTORS)])
     for f, b in zip(floats["data"], b64["data"], strict=True):
         raw = base64.b64decode(b["embedding"])
         assert len(raw) == 4 * len(f["embedding"])
@@ -117,16 +118,48 @@ def test_base64_is_the_little_endian_float32_bytes_of_the_float_vector():
 
 def test_a_worker_answer_with_the_wrong_count_is_a_500_not_a_wrong_answer():
     with pytest.raises(OpenAIError) as e:
-        embedding_list(req(input=["a", "b"]), reply(VECTORS[0]))
+        embedding_list(req(input=["a", "b"]), [reply(VECTORS[0])])
     assert e.value.status == 500
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_a_vector_json_cannot_carry_is_a_500_in_floats_and_its_bits_in_base64(bad):
+@pytest.mark.parametrize("encoding_format", ["float", "base64"])
+def test_a_vector_with_nan_or_infinity_is_a_500_in_either_encoding(bad, encoding_format):
     with pytest.raises(OpenAIError) as e:
-        embedding_list(req(input=["a"]), reply([0.5, bad, 1.0]))
+        embedding_list(req(input=["a"], encoding_format=encoding_format), [reply([0.5, bad, 1.0])])
     assert e.value.status == 500
-    b64 = embedding_list(req(input=["a"], encoding_format="base64"), reply([0.5, bad, 1.0]))
-    raw = base64.b64decode(b64["data"][0]["embedding"])
-    value = struct.unpack("<3f", raw)[1]
-    assert math.isnan(value) if math.isnan(bad) else value == bad
+
+
+def test_replies_of_several_calls_join_in_input_order():
+    body = embedding_list(req(input=["a", "b", "c"]), [reply(VECTORS[0], tokens=2), reply(VECTORS[1], [2.0], tokens=3)])
+    assert [d["index"] for d in body["data"]] == [0, 1, 2]
+    assert body["data"][2]["embedding"] == [2.0] and body["usage"] == {"prompt_tokens": 5, "total_tokens": 5}
+
+
+def test_a_small_batch_is_one_call_under_the_request_id():
+    calls = to_embed_requests(req(input=["a"] * MAX_INPUTS, dimensions=64), request_id="r", dimension=1024)
+    assert [(c.request_id, len(c.inputs), c.dimensions) for c in calls] == [("r", MAX_INPUTS, 64)]
+
+
+@pytest.mark.parametrize(("value", "dimension", "dimensions"), [
+    (["a"] * MAX_INPUTS, 8192, None),  # the replies: 2048 x 32 KiB
+    (["a"] * MAX_INPUTS, 0, None),  # a route that does not say: assumed wide
+    (["a"] * MAX_INPUTS, 16384, 8192),  # shortened: the shorter vectors count
+    (["x" * 40_000] * 1000, 8, None),  # the requests: 40 MB of text
+    ([[7] * 10_000] * 1000, 8, None),  # 10M token ids
+])
+def test_a_big_batch_is_split_into_calls_under_the_message_limit(value, dimension, dimensions):
+    r = req(input=value, dimensions=dimensions)
+    calls = to_embed_requests(r, request_id="r", dimension=dimension)
+    assert len(calls) > 1 and len({c.request_id for c in calls}) == len(calls)
+    assert [x for c in calls for x in [*c.inputs, *(list(p.token_ids) for p in c.prompts)]] == r.inputs
+    width = min(dimensions or 8192, dimension or 8192)
+    for c in calls:
+        n = len(c.inputs) + len(c.prompts)
+        assert c.ByteSize() + n * (4 * width + 16) <= CALL_BYTES
+        assert c.dimensions == (dimensions or 0) and c.HasField("dimensions") == (dimensions is not None)
+
+
+def test_one_input_bigger_than_a_call_is_a_call_of_its_own():
+    calls = to_embed_requests(req(input=["a", "x" * CALL_BYTES, "b"]), request_id="r", dimension=8)
+    assert [len(c.inputs[0]) for c in calls] == [1, CALL_BYTES, 1]
