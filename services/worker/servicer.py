@@ -50,6 +50,7 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         self.gate = gate or RequestGate()
         self.inflight = InflightRequests()  # running or queued (Cancel by id, the autoscaler's load)
         self.deliveries = Deliveries()
+        self._embeds: dict[str, asyncio.Future] = {}  # Embed batches at the engine, by request id (Cancel)
 
     # ---- Load --------------------------------------------------------------------------------
     async def Load(self, request: worker_pb2.LoadRequest, context) -> AsyncIterator[worker_pb2.LoadProgress]:
@@ -274,12 +275,21 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         admitted = await self._admit(request_id)  # one made again supersedes its older call, as for Infer
         try:
             async with self.gate.admitted(request_id):  # backpressure, as for Infer
-                vectors, tokens = await engine.embed(inputs, dims)
+                # The engines run a batch under ids of their own: Cancel by this id cancels it here
+                batch = self._embeds[request_id] = asyncio.ensure_future(engine.embed(inputs, dims))
+                try:
+                    vectors, tokens = await batch
+                except asyncio.CancelledError:
+                    if asyncio.current_task().cancelling():  # type: ignore[union-attr]  # the caller left
+                        raise
+                    raise ServiceError(grpc.StatusCode.CANCELLED, Reason.ERROR_REASON_UNSPECIFIED,
+                                       f"request {request_id!r} was cancelled") from None
         except ServiceError:
             raise
         except Exception as e:
             raise await self._engine_failure(engine, request_id, e) from e
         finally:
+            self._embeds.pop(request_id, None)
             self.inflight.release(request_id, admitted)
         return worker_pb2.EmbedResponse(
             embeddings=[worker_pb2.Embedding(values=v) for v in vectors],
@@ -292,6 +302,9 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         """End the requests of these ids running or queued here (each call ends with its Final)."""
         known = [rid for rid in dict.fromkeys(request_ids) if rid in self.inflight]
         running = [rid for rid in known if not self.gate.cancel_waiting(rid)]  # queued ones end right here
+        for rid in running:
+            if (batch := self._embeds.get(rid)) is not None:
+                batch.cancel()
         if running and self.host.engine is not None:
             await self.host.engine.abort(running)
         return known

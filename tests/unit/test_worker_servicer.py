@@ -249,3 +249,25 @@ async def test_a_prompt_that_opens_think_starts_the_output_as_reasoning(served):
     assert (r.final.usage.reasoning_tokens, r.final.usage.completion_tokens) == (3, 4)  # </think> counted in
     plain = await collect(stub, chat("sum?", model="m"))  # reasoning not asked for: all text, as before
     assert plain.text == "17 + 25 = 42.</think>\n\nThe answer is 42." and plain.reasoning == ""
+
+
+async def test_cancel_by_id_ends_an_embed_at_the_engine():
+    """The engines run an Embed's batch under ids of their own: Cancel by the call's id must end it
+    (and a call made again after it runs at once, not after the supersede wait)."""
+    engine = HeldEmbedder([])
+    engine.hold.clear()
+    worker = await serve_worker(engine)
+    try:
+        async with grpc.aio.insecure_channel(worker.address) as channel:
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            call = stub.Embed(pb.EmbedRequest(model="m", inputs=["x"], request_id="e1"))
+            await until(lambda: worker.servicer.gate.ongoing == 1, "the embed at the engine")
+            reply = await stub.Cancel(pb.CancelRequest(request_ids=["e1"]))
+            assert list(reply.cancelled) == ["e1"]
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await asyncio.wait_for(call, 5)
+            assert info.value.code() == grpc.StatusCode.CANCELLED
+            await until(lambda: not worker.servicer.inflight and worker.servicer.gate.ongoing == 0, "it ended")
+    finally:
+        engine.hold.set()
+        await worker.server.stop(0)
