@@ -53,10 +53,16 @@ async def serving(coordinator: coordinator_pb2_grpc.CoordinatorServicer) -> Asyn
         await server.stop(0)
 
 
+# Ctrl-C as at a terminal: a test run started in the background of a non-interactive shell has
+# SIGINT ignored, and a child inherits that (Python then installs no KeyboardInterrupt handler).
+AS_AT_A_TERMINAL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                    "sys.argv[0] = 'mship'; runpy.run_module('clients.cli', run_name='__main__')")
+
+
 async def mship_deploy(port: int, *args: str) -> asyncio.subprocess.Process:
     """`mship deploy ARGS` against the coordinator on `port`, as a process of its own."""
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "clients.cli", "--coordinator", f"127.0.0.1:{port}", "deploy", *args, cwd=ROOT,
+        sys.executable, "-c", AS_AT_A_TERMINAL, "--coordinator", f"127.0.0.1:{port}", "deploy", *args, cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
 
 
