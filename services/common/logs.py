@@ -91,10 +91,12 @@ class TextFormatter(logging.Formatter):
 class LineSysLogHandler(logging.Handler):
     """RFC 3164-style syslog; over TCP each message ends with a newline (RFC 6587 framing).
 
-    The logging thread (an event loop's, mostly) only formats the line and queues it: one daemon
-    thread sends, so a collector that is down, slow or stops reading never blocks a process. While it
-    cannot be reached the lines are dropped (MAX_QUEUED at most wait), it is said once on stderr, and
-    it is connected again (every `retry_s`) once it is back."""
+    Over UDP each line is one datagram, sent as it comes: a datagram never waits for its collector,
+    and a burst of lines (DEBUG) is not dropped here. Over TCP the logging thread (an event loop's,
+    mostly) only formats the line and queues it: one daemon thread sends, so a collector that is
+    down, slow or stops reading never blocks a process. While it cannot be reached the lines are
+    dropped (MAX_QUEUED at most wait), it is said once on stderr, and it is connected again (every
+    `retry_s`) once it is back."""
 
     MAX_QUEUED = 10_000
     TIMEOUT_S = 5.0  # a connect or a send to a stuck collector gives up after this
@@ -114,14 +116,20 @@ class LineSysLogHandler(logging.Handler):
         self._sock: socket.socket | None = None  # the parent's, after a fork: never closed here
         self._down_until = 0.0
         self._said_down = False
-        self._thread = threading.Thread(target=self._send_forever, name="mship-syslog", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if self.tcp:
+            self._thread = threading.Thread(target=self._send_forever, name="mship-syslog", daemon=True)
+            self._thread.start()
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             line = self.format(record) + ("\n" if self.tcp else "")
             prio = (_FACILITY_USER << 3) | _PRIORITY.get(record.levelname, 6)
-            self._queue.put_nowait(f"<{prio}>{line}".encode("utf-8", "backslashreplace"))
+            message = f"<{prio}>{line}".encode("utf-8", "backslashreplace")
+            if self.tcp:
+                self._queue.put_nowait(message)
+            else:
+                self._send_datagram(message)
         except queue.Full:
             self.dropped += 1
         except Exception:
@@ -145,6 +153,17 @@ class LineSysLogHandler(logging.Handler):
                     print(f"mship: syslog target {host}:{port} unreachable ({e}); its lines are dropped "
                           "until it is back", file=sys.stderr)
         self._disconnect()
+
+    def _send_datagram(self, message: bytes) -> None:
+        """Unconnected: a collector that is down costs nothing (no ICMP error comes back to it)."""
+        try:
+            if self._sock is None:
+                host, port = self.address
+                family, kind, proto, _, address = socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM)[0]
+                self._sock, self._datagram_to = socket.socket(family, kind, proto), address
+            self._sock.sendto(message, self._datagram_to)
+        except OSError:  # unresolvable, or the socket's buffer full: this line is lost, not the process
+            self.dropped += 1
 
     def _send(self, message: bytes) -> None:
         if self._sock is None:
@@ -171,9 +190,12 @@ class LineSysLogHandler(logging.Handler):
 
     def close(self) -> None:
         """Send what is queued (waiting at most TIMEOUT_S), then stop."""
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=self.TIMEOUT_S)
-        self._thread.join(self.TIMEOUT_S)
+        if self._thread is not None:
+            with contextlib.suppress(queue.Full):
+                self._queue.put(None, timeout=self.TIMEOUT_S)
+            self._thread.join(self.TIMEOUT_S)
+        else:
+            self._disconnect()
         super().close()
 
 

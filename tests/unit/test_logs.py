@@ -216,3 +216,19 @@ def test_a_collector_down_at_start_or_restarted_gets_the_lines_once_it_is_back()
 def test_json_lines_stay_utf8_with_a_lone_surrogate():
     line = JsonFormatter("gateway").format(record("model 'a\ud800b' not found"))
     assert json.loads(line.encode("utf-8"))["message"] == "model 'a\ud800b' not found"
+
+
+def test_a_burst_of_lines_over_udp_is_sent_not_dropped():
+    """A datagram never waits for its collector, so nothing is queued (and dropped) over UDP: a
+    DEBUG burst larger than the TCP queue goes out whole, the line after it included."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    handler = LineSysLogHandler(*sock.getsockname(), socket.SOCK_DGRAM)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    try:
+        for i in range(LineSysLogHandler.MAX_QUEUED + 2000):
+            handler.emit(record(f"burst {i}"))
+        assert handler.dropped == 0
+    finally:
+        handler.close()
+        sock.close()
