@@ -26,6 +26,27 @@ async def serving(server: grpc.aio.Server) -> AsyncIterator[grpc.aio.Channel]:
         await server.stop(0)
 
 
+@contextlib.asynccontextmanager
+async def routing_coordinator(keepalive_s: float = 0.1) -> AsyncIterator[tuple[Any, grpc.aio.Server, int]]:
+    """A real coordinator servicer that serves routing only (no deployer, no Serve), its routes
+    ready, on a free loopback port: (its replica registry, the server, the port)."""
+    from mship.coordinator.v1 import coordinator_pb2_grpc
+    from services.coordinator.registry import ReplicaRegistry
+    from services.coordinator.servicer import CoordinatorServicer
+
+    registry = ReplicaRegistry()
+    servicer = CoordinatorServicer(registry, None, None, None, keepalive_s=keepalive_s)  # type: ignore[arg-type]
+    servicer.routing_ready.set()
+    server = grpc.aio.server()
+    coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield registry, server, port
+    finally:
+        await server.stop(0)
+
+
 async def failure_of(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
     """The error a unary call ended with (it must fail)."""
     with pytest.raises(grpc.aio.AioRpcError) as info:

@@ -16,10 +16,9 @@ import grpc
 import httpx
 import pytest
 
-from mship.coordinator.v1 import coordinator_pb2_grpc
 from services.coordinator.registry import ActiveModel, ReplicaRegistry
-from services.coordinator.servicer import CoordinatorServicer
 from services.gateway.edge.http_server import HttpLimits, ReusePortServer
+from tests.grpc_serving import routing_coordinator
 from tests.helpers import until
 from tests.unit.gateway_harness import Gateway
 
@@ -143,17 +142,8 @@ async def test_readyz_for_the_gateway_does_not_wait_on_a_hung_coordinator():
 
 @pytest.fixture
 async def coordinator() -> AsyncIterator[tuple[ReplicaRegistry, grpc.aio.Server, int]]:
-    registry = ReplicaRegistry()
-    servicer = CoordinatorServicer(registry, None, None, None, keepalive_s=0.1)  # type: ignore[arg-type]
-    servicer.routing_ready.set()
-    server = grpc.aio.server()
-    coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield registry, server, port
-    finally:
-        await server.stop(0)
+    async with routing_coordinator() as served:
+        yield served
 
 
 @pytest.fixture

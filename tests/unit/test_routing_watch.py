@@ -6,31 +6,20 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import grpc
 import pytest
 
-from mship.coordinator.v1 import coordinator_pb2_grpc
 from services.common import routes
 from services.common.routes import RouteTable, RoutingWatcher
 from services.coordinator.registry import ActiveModel, ReplicaRegistry
-from services.coordinator.servicer import CoordinatorServicer
+from tests.grpc_serving import routing_coordinator
 from tests.helpers import until
 from tests.tcp_proxy import TcpProxy
 
 
 @pytest.fixture
 async def coordinator() -> AsyncIterator[tuple[ReplicaRegistry, int]]:
-    registry = ReplicaRegistry()
-    servicer = CoordinatorServicer(registry, None, None, None, keepalive_s=0.1)  # type: ignore[arg-type]
-    servicer.routing_ready.set()
-    server = grpc.aio.server()
-    coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
+    async with routing_coordinator() as (registry, _, port):
         yield registry, port
-    finally:
-        await server.stop(0)
 
 
 async def test_a_watch_gone_silent_is_watched_again_on_a_new_connection(
