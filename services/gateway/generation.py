@@ -149,19 +149,15 @@ async def cancel_everywhere(table: RouteTable, model: str, request_ids: Iterable
 
 
 async def embed(table: RouteTable, model: str, request: pb.EmbedRequest, *,
-                timeout_s: float | None = None, ticket: Ticket = FREE, identity: str = "") -> pb.EmbedResponse:
+                timeout_s: float | None = None, identity: str = "") -> pb.EmbedResponse:
     """The Embed call on the best endpoint (retried elsewhere while unanswered). Cancelling the
-    caller cancels the call. Raises OpenAIError."""
-    used = 0
+    caller cancels the call. Raises OpenAIError. (Its caller settles the admission: a batch may
+    take several calls.)"""
+    metadata = call_metadata(identity)
     try:
-        metadata = call_metadata(identity)
-        reply = await call_unary(table, model, lambda e: e.stub.Embed(request, timeout=timeout_s, metadata=metadata))
-        used = reply.usage.prompt_tokens
-        return reply
+        return await call_unary(table, model, lambda e: e.stub.Embed(request, timeout=timeout_s, metadata=metadata))
     except UpstreamError as e:
         raise from_grpc(e.details, model, input_param="input") from e
-    finally:
-        ticket.settle(used)
 
 
 def stream_failure(e: UpstreamError, model: str | None, input_param: str) -> OpenAIError:

@@ -8,7 +8,7 @@ from typing import Any
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.routes import RouteTable
-from services.gateway.admission.admission import FREE, Admission
+from services.gateway.admission.admission import Admission
 from services.gateway.edge.answer import Guard, unguarded
 from services.gateway.embeddings.protocol import embedding_list, parse_embedding_request, to_embed_requests
 from services.gateway.generation import check_routed, embed
@@ -40,7 +40,7 @@ class EmbeddingServing:
         """The replies in request order; the calls run at once (spread over the replicas), and the
         first failure cancels the others."""
         def call(request: pb.EmbedRequest) -> Any:
-            return embed(self.table, model, request, timeout_s=self.timeout_s, ticket=FREE, identity=identity)
+            return embed(self.table, model, request, timeout_s=self.timeout_s, identity=identity)
 
         if len(requests) == 1:
             return [await call(requests[0])]
