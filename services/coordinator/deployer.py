@@ -22,6 +22,7 @@ from services.coordinator.executor import DEFAULT_LOAD_TIMEOUT_S, Executor
 from services.coordinator.planner import RunningModel, specs_of
 from services.coordinator.registry import ActiveModel, ReplicaRegistry
 from services.coordinator.serve_control import ServeControl
+from services.coordinator.spec_rules import normalize
 
 log = logging.getLogger(__name__)
 Phase = pb.ModelPhase
@@ -153,6 +154,8 @@ class Deployer:
             record.emit("no committed set is stored (none was written yet, or the state service lost it): "
                         f"what runs stays{' and becomes the committed set' if running else ''}")
             return pb.DeployRequest(models=running, mode=pb.DEPLOY_MODE_RECONCILE, drain_timeout_s=drain)
+        for spec in committed:  # a set stored before `check_deploy` normalized what it accepts
+            normalize(spec)
         record.emit(f"the committed set: {', '.join(s.name for s in committed) or 'empty'}")
         return pb.DeployRequest(models=committed, mode=pb.DEPLOY_MODE_RECONCILE, drain_timeout_s=drain)
 

@@ -252,3 +252,14 @@ async def test_use_committed_with_no_stored_set_keeps_what_runs_and_commits_it(r
     assert messages(record)[1].startswith("no committed set is stored")
     assert sorted(rig.serve.apps) == sorted(app_name(spec(n)) for n in "ab")
     assert [s.name for s in rig.commits[-1]] == ["a", "b"]
+
+
+async def test_a_committed_replica_count_of_zero_restores_one_replica(rig):
+    """A set stored before the coordinator normalized `num_replicas` 0 (the field unset) to 1."""
+    from mship.common.v1 import common_pb2
+
+    unset = common_pb2.ModelSpec(name="z", model="builtin:tiny-qwen2")
+    rig.commits.append([unset])
+    record = await rig.deploy(reconcile=True, use_committed=True)
+    assert record.state == pb.DEPLOY_STATE_SUCCEEDED
+    assert len(rig.registry.live("z", version_of(unset))) == 1 and rig.commits[-1][0].num_replicas == 1
