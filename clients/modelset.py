@@ -19,6 +19,8 @@ models:
     max_ongoing_requests: 64      # per replica: requests its engine works on at once (default 64)
     max_queued_requests: 256      # per replica: requests waiting for a place (default 256; 0 = none);
                                   # past both: 503 + Retry-After at once
+    stall_timeout_s: 300          # an engine with requests in it and no progress this long is hung:
+                                  # killed, its replica replaced (default 300; 0 = never)
     # llama_cpp only: n_ctx (per request), n_parallel (slots), n_threads, n_gpu_layers,
     # chat_template (Jinja), embeddings (= usecase: embed), llama_server_binary (an operator's
     # build), llama_server_args: [...]
@@ -51,7 +53,7 @@ AUTOSCALING_KEYS = {"min_replicas": int, "max_replicas": int, "target_ongoing_re
                     "upscale_delay_s": float, "downscale_delay_s": float}
 MODEL_KEYS = {"name", "model", "loader", "usecase", "num_cpus", "num_gpus", "num_replicas", "autoscaling_config",
               "max_model_len", "max_num_seqs", "engine_args", "tool_parser", "reasoning_parser", "rate_limits",
-              "max_ongoing_requests", "max_queued_requests", *LLAMA_CPP_KEYS}
+              "max_ongoing_requests", "max_queued_requests", "stall_timeout_s", *LLAMA_CPP_KEYS}
 RATE_LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute")
 
 
@@ -137,6 +139,8 @@ def parse_model(entry: Any, source: str, where: str) -> common_pb2.ModelSpec:
         spec.max_ongoing_requests = _number(entry, "max_ongoing_requests", int, 0, source, where, minimum=1)
     if "max_queued_requests" in entry:
         spec.max_queued_requests = _number(entry, "max_queued_requests", int, 0, source, where)
+    if "stall_timeout_s" in entry:
+        spec.stall_timeout_s = _number(entry, "stall_timeout_s", float, 0.0, source, where)
     if "rate_limits" in entry:
         _rate_limits(entry["rate_limits"], spec.rate_limits, source, f"{where}.rate_limits")
     if "engine_args" in entry:

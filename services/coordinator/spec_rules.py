@@ -35,7 +35,7 @@ def check_spec(spec: common_pb2.ModelSpec, where: str) -> None:
                        "(at most 64 characters, starting with a letter or digit)")
     if not spec.model.strip():
         raise _invalid(where, "model", "model is required: builtin:NAME, a Hugging Face id or a local path")
-    for field in ("num_cpus", "num_gpus"):
+    for field in ("num_cpus", "num_gpus", "stall_timeout_s"):
         if not _non_negative(getattr(spec, field)):
             raise _invalid(where, field, f"{field} must be a number >= 0")
     if spec.HasField("autoscaling"):

@@ -86,6 +86,7 @@ class EngineStats:
     generated_tokens_total: int = 0
     prompt_tokens_total: int = 0
     audio_seconds_total: float = 0.0  # audio engines: seconds synthesized / transcribed
+    last_step_at: float = 0.0  # time.monotonic() of the engine's last step, where it reports steps (vLLM)
 
 
 @dataclass
@@ -172,6 +173,16 @@ class Engine(abc.ABC):
     async def metrics_text(self) -> str | None:
         """The engine's own Prometheus exposition, for engines that serve one apart from the worker
         (llama-server's /metrics); None for those whose metrics already reach the node (vLLM's)."""
+        return None
+
+    async def answers_probe(self) -> bool:
+        """Whether the engine's working loop answers a probe now (stall_watch.py: an engine quiet
+        for its stall timeout is asked before it is called hung); False for engines with none."""
+        return False
+
+    def kill(self) -> None:
+        """A hung engine: stop its processes at once, so that its requests fail as for a crash
+        (`errored`). Engines running in this process have nothing to kill: the replica goes."""
         return None
 
     @property

@@ -25,6 +25,7 @@ from services.common.gc_heap import freeze_startup_heap
 from services.worker.engine import Engine, RenderRequest, TranscribeOptions
 from services.worker.metrics import ENGINE_DEATHS
 from services.worker.sampling import Sampling
+from services.worker.stall_watch import DEFAULT_STALL_TIMEOUT_S, StallWatch
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "mship.worker.v1.Worker"
@@ -78,6 +79,7 @@ class ModelHost:
         self._health = health_servicer
         self._t0 = time.monotonic()
         self._task: asyncio.Task | None = None
+        self.watch = StallWatch(0)  # until a load says otherwise
 
     @property
     def ready(self) -> bool:
@@ -92,6 +94,7 @@ class ModelHost:
         if self.spec is not None:
             raise RuntimeError("this worker already serves a model")
         self.spec = spec
+        self.watch = StallWatch(spec.stall_timeout_s if spec.HasField("stall_timeout_s") else DEFAULT_STALL_TIMEOUT_S)
         self._t0 = time.monotonic()
         self._task = asyncio.create_task(self._load(spec, gate or contextlib.nullcontext))
 
@@ -182,12 +185,33 @@ class ModelHost:
             await self._health.set(service, status)
 
     async def check(self) -> bool:
-        """Health probe: flips health to NOT_SERVING once the engine has died."""
-        if self.engine is not None and self.engine.errored and self.phase == Phase.LOAD_PHASE_READY:
-            ENGINE_DEATHS.labels(self.model_name).inc()
-            self._set(Phase.LOAD_PHASE_FAILED, "engine died")
-            await self._set_health(False)
+        """Health probe: flips health to NOT_SERVING once the engine has died, or hung (a hung
+        engine is killed first, so that its requests fail as they do when it crashes)."""
+        engine = self.engine
+        if engine is not None and self.phase == Phase.LOAD_PHASE_READY:
+            if engine.errored:
+                await self._lost("engine died")
+            elif self.watch.quiet_for(engine.stats().last_step_at):
+                if await engine.answers_probe():  # e.g. one long prompt, which shows no step
+                    self.watch.progressed()
+                elif self.phase == Phase.LOAD_PHASE_READY and (quiet := self.watch.quiet_for(
+                        engine.stats().last_step_at)):  # (a check beside this one may have got here first)
+                    log.error("the engine of %s showed no progress for %.0f s with requests in it (stall_timeout_s "
+                              "%g): killing it; Serve replaces this replica", self.model_name, quiet,
+                              self.watch.limit_s)
+                    engine.kill()
+                    await self._lost(f"engine hung: no progress for {quiet:.0f} s with requests in it")
         return self.ready
+
+    @property
+    def engine_lost(self) -> bool:
+        """The engine died or hung after it was ready (not a load that failed)."""
+        return self.engine is not None and (self.engine.errored or self.phase == Phase.LOAD_PHASE_FAILED)
+
+    async def _lost(self, why: str) -> None:
+        ENGINE_DEATHS.labels(self.model_name).inc()
+        self._set(Phase.LOAD_PHASE_FAILED, why)
+        await self._set_health(False)
 
     async def shutdown(self) -> None:
         if self._task is not None and not self._task.done():

@@ -43,6 +43,7 @@ FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
           "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
           "repetition_penalty": "repeat_penalty", "seed": "seed"}
+PROBE_TIMEOUT_S = 5.0  # within Serve's health-check timeout (10 s), which the probe runs under
 LLAMA_RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp draws a new seed
 
 
@@ -316,6 +317,16 @@ class LlamaCppEngine(Engine):
     async def metrics_text(self) -> str | None:
         reply = await self._client.get("/metrics", timeout=5.0)
         return reply.text if reply.status_code == 200 else None
+
+    async def answers_probe(self) -> bool:
+        # llama-server's main loop answers /metrics between two batches (a long prompt's too);
+        # a hung loop never does. (/health is answered by the HTTP threads alone.)
+        with contextlib.suppress(httpx.HTTPError):
+            return (await self._client.get("/metrics", timeout=PROBE_TIMEOUT_S)).status_code == 200
+        return False
+
+    def kill(self) -> None:
+        self._server.kill()
 
     def stats(self) -> EngineStats:
         self._stats.running_requests, self._stats.waiting_requests = self.slots.running, self.slots.waiting

@@ -102,6 +102,9 @@ class InProcessServer:
         await wait_until_healthy(client, lambda: self.alive, min(timeout_s, 30.0), lambda: (
             f"in-process llama.cpp at {self._url} " + ("was stopped" if not self.alive else "not healthy")))
 
+    def kill(self) -> None:
+        """Nothing to kill apart from this process: a hung in-process llama.cpp goes with its replica."""
+
     def stop(self, grace_s: float = 10.0) -> None:
         """Stops its loop and HTTP threads and frees the model (the C++ destructor joins them)."""
         server, self._server = self._server, None

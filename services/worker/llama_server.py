@@ -232,6 +232,11 @@ class LlamaServer:
             f"llama-server exited with {self.proc.returncode}" if not self.alive else
             f"llama-server not healthy within {timeout_s:.0f}s") + f":\n{self.tail()}")
 
+    def kill(self) -> None:
+        """A hung server: SIGKILL (a stopped or deadlocked one ignores SIGTERM); `stop` cleans up."""
+        if self.alive:
+            self.proc.kill()
+
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         if self.alive:
             self.proc.terminate()

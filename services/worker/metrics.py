@@ -21,5 +21,5 @@ KV_CACHE = Gauge("mship_worker_kv_cache_usage_ratio", "KV-cache in use, 0-1, per
                  multiprocess_mode="liveall")
 LOAD_SECONDS = Gauge("mship_worker_load_seconds", "engine load time of each live replica", ["model"],
                      multiprocess_mode="liveall")
-ENGINE_DEATHS = Counter("mship_worker_engine_deaths", "engines found dead (each replica is then replaced)",
-                        ["model"])
+ENGINE_DEATHS = Counter("mship_worker_engine_deaths",
+                        "engines found dead, or hung and killed (each replica is then replaced)", ["model"])

@@ -119,19 +119,20 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         finishes: dict[int, worker_pb2.ChoiceFinish] = {}
         usage = common_pb2.Usage(prompt_tokens=len(prompt.token_ids))
         try:
-            async for step in engine.generate(prompt, sampling, request_id, request.priority):
-                usage.prompt_tokens, usage.cached_tokens = step.prompt_tokens, step.cached_tokens
-                for choice in step.choices:
-                    parser = parsers.get(choice.index)
-                    if parser is None:
-                        parser = parsers[choice.index] = new_parser()
-                    event = self._delta(choice, parser, usage)
-                    if event is not None:
-                        yield event
-                    if choice.finish_reason is not None:
-                        finishes[choice.index] = self._finish(choice, parser, request_id)
-                if step.finished:
-                    break
+            with self.host.watch.working():  # a hung engine is noticed by the host's health check
+                async for step in engine.generate(prompt, sampling, request_id, request.priority):
+                    usage.prompt_tokens, usage.cached_tokens = step.prompt_tokens, step.cached_tokens
+                    for choice in step.choices:
+                        parser = parsers.get(choice.index)
+                        if parser is None:
+                            parser = parsers[choice.index] = new_parser()
+                        event = self._delta(choice, parser, usage)
+                        if event is not None:
+                            yield event
+                        if choice.finish_reason is not None:
+                            finishes[choice.index] = self._finish(choice, parser, request_id)
+                    if step.finished:
+                        break
         except ServiceError:
             raise
         except Exception as e:
@@ -195,7 +196,7 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         if not model or model != self.host.model_name:
             raise ServiceError(grpc.StatusCode.NOT_FOUND, Reason.MODEL_NOT_FOUND,
                                f"model {model!r} is not served here", metadata={"model": model})
-        if self.host.engine is not None and self.host.engine.errored:
+        if self.host.engine_lost:
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, Reason.ENGINE_DIED,
                                f"the engine of this replica of {model!r} stopped; it is being replaced",
                                retry_after_s=ENGINE_DIED_RETRY_S)
@@ -278,7 +279,8 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
                 # The engines run a batch under ids of their own: Cancel by this id cancels it here
                 batch = self._embeds[request_id] = asyncio.ensure_future(engine.embed(inputs, dims))
                 try:
-                    vectors, tokens = await batch
+                    with self.host.watch.working():
+                        vectors, tokens = await batch
                 except asyncio.CancelledError:
                     if asyncio.current_task().cancelling():  # type: ignore[union-attr]  # the caller left
                         raise

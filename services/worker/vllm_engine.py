@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -96,6 +98,7 @@ class _StatsRecorder:
         self._sink = sink
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+        self._sink.last_step_at = time.monotonic()  # called once per engine step: a chunk of a prompt too
         if scheduler_stats is not None:
             self._sink.running_requests = scheduler_stats.num_running_reqs
             # requests held back by a transient limit (e.g. max_num_seqs) are waiting too
@@ -287,6 +290,14 @@ class VllmEngine(Engine):
     @property
     def errored(self) -> bool:
         return bool(self._engine.errored)
+
+    def kill(self) -> None:
+        # vLLM's own handles on the EngineCore processes (its workers die with them); their deaths
+        # reach every request as EngineDeadError, as a crash's do
+        manager = getattr(getattr(self._engine.engine_core, "resources", None), "engine_manager", None)
+        for proc in getattr(manager, "processes", ()):
+            with contextlib.suppress(OSError, ValueError):
+                proc.kill()
 
     async def shutdown(self) -> None:
         self._engine.shutdown()

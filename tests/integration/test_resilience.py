@@ -8,13 +8,16 @@ vLLM and llama.cpp) with clients hammering it throughout:
   go to the other replica, Serve replaces it and it serves again, nobody hangs;
 - a model autoscaled to zero idles there and serves its first request after a cold start;
 - a vLLM model scales 1 -> 2 under sustained load and back to 1 after it, with no failed request;
-- a vLLM EngineCore SIGKILLed under load: no request hangs, the replica is replaced on its own.
+- a vLLM EngineCore SIGKILLed under load: no request hangs, the replica is replaced on its own;
+- a hung engine (SIGSTOPped: alive, no progress) under load, llama-server and vLLM's EngineCore:
+  killed by its replica's health check after the model's stall_timeout_s, then as for a crash.
 
 The tests run in this order and build on one platform.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -41,6 +44,7 @@ models:
     max_model_len: 512
     max_num_seqs: 4
     num_cpus: 0.5
+    stall_timeout_s: 8
     autoscaling_config: {min_replicas: 1, max_replicas: 2, target_ongoing_requests: 2, upscale_delay_s: 0,
                          downscale_delay_s: 4}
   - name: pair
@@ -50,6 +54,7 @@ models:
     n_parallel: 2
     num_cpus: 0.25
     num_replicas: 2
+    stall_timeout_s: 4
   - name: zero
     model: builtin:tiny-qwen2
     loader: llama_cpp
@@ -155,6 +160,56 @@ def test_a_killed_llama_server_is_replaced_and_requests_without_a_token_go_to_th
     assert_clean(load.failures)
 
 
+@contextlib.contextmanager
+def hang(engine: psutil.Process) -> Iterator[None]:
+    """SIGSTOP `engine` (a hang: alive, its sockets open, no progress); SIGKILL it at the end if the
+    platform has not."""
+    engine.suspend()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            engine.kill()
+
+
+def ended(process: psutil.Process) -> bool:
+    """Killed: gone, or a zombie its parent has yet to reap."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def assert_hung_engine_replaced(platform: PlatformProcess, model: str, engine_of, clients: int, limit_s: float,
+                                replace_s: float) -> None:
+    """Under load, one replica's engine hangs: the replica kills it (it is gone within the limit, the
+    health check's period and a probe), leaves routing, is replaced; nobody hangs, failures are clean,
+    and where another replica serves, only among the requests that were on it."""
+    victim, *others = platform.replicas(model)
+    with LoadGenerator(platform.base_url, model, clients=clients, max_tokens=24, timeout_s=60) as load:
+        load.wait_for(4)
+        engine = engine_of(victim.pid)
+        with hang(engine):
+            hung_at = time.monotonic()
+            until(lambda: ended(engine), "the replica kills its hung engine", timeout_s=limit_s + 2 + 5 + 15)
+            killed_s = time.monotonic() - hung_at
+            until(lambda: replica_ids(platform, model) - {victim.replica_id}, "Serve replaces the replica",
+                  timeout_s=replace_s)
+        load.wait_for(4)  # new requests succeed
+    print(f"{model}: a hung engine killed {killed_s:.1f}s after it hung; {len(load.failed)} requests failed, "
+          f"{load.ok} succeeded")
+    assert killed_s >= limit_s - 1, killed_s  # not before its limit (from the last request that ended on it)
+    assert_clean(load.failures)
+    assert not [f for f in load.failed if f.ended - f.started > 50], load.failed  # nobody waited out the client
+    if others:  # the other replica served meanwhile (alone, the model is unavailable until replaced: 503s)
+        assert all(f.started < hung_at + killed_s for f in load.failed), load.failed
+
+
+def test_a_hung_llama_server_is_killed_and_its_replica_replaced(res):
+    assert_hung_engine_replaced(res, "pair", lambda pid: child(pid, "llama-server", "services.worker.llama_portable"),
+                                clients=4, limit_s=4, replace_s=120)
+
+
 def test_a_model_at_zero_replicas_serves_its_first_request_after_a_cold_start(res):
     until(lambda: not res.replicas("zero"), "the deploy's replica idles to zero", timeout_s=120)
     ready = httpx.get(f"{res.base_url}/readyz", timeout=5)
@@ -197,6 +252,11 @@ def test_a_killed_engine_core_fails_only_cleanly_and_the_replica_is_replaced(res
     late = [f for f in load.failed if f.ended - f.started > 60]
     assert not late, late  # nobody hung past the deadline
     print(f"{len(load.failed)} requests failed cleanly after the kill at {killed_at:.0f}; {load.ok} succeeded")
+
+
+def test_a_hung_engine_core_is_killed_and_its_replica_replaced(res):
+    assert_hung_engine_replaced(res, "auto", lambda pid: child(pid, "EngineCore"), clients=2, limit_s=8,
+                                replace_s=300)
 
 
 def test_the_node_port_serves_the_llama_engines_own_series_for_its_model(res):

@@ -123,6 +123,8 @@ async def test_an_unspecified_or_vllm_loader_deploys(coordinator):
     ("models[0].model", common_pb2.ModelSpec(name="a")),
     ("models[0].num_cpus", common_pb2.ModelSpec(name="a", model="m", num_cpus=-2)),
     ("models[0].num_gpus", common_pb2.ModelSpec(name="a", model="m", num_gpus=float("nan"))),
+    ("models[0].stall_timeout_s", common_pb2.ModelSpec(name="a", model="m", stall_timeout_s=-1)),
+    ("models[0].stall_timeout_s", common_pb2.ModelSpec(name="a", model="m", stall_timeout_s=float("inf"))),
     ("models[0].num_replicas", common_pb2.ModelSpec(name="a", model="m", num_replicas=2, autoscaling=common_pb2.
                                                     AutoscalingConfig(min_replicas=1, max_replicas=2))),
     ("models[0].autoscaling.max_replicas", common_pb2.ModelSpec(name="a", model="m", autoscaling=common_pb2.

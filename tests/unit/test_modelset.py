@@ -38,6 +38,8 @@ def test_a_valid_model_set_parses(tmp_path):
     ("    rate_limits: 5\n", "models[0].rate_limits", "expected a mapping"),
     ("    max_ongoing_requests: 0\n", "models[0].max_ongoing_requests", "an integer >= 1"),
     ("    max_queued_requests: -1\n", "models[0].max_queued_requests", "an integer >= 0"),
+    ("    stall_timeout_s: -5\n", "models[0].stall_timeout_s", "a number >= 0"),
+    ("    stall_timeout_s: .inf\n", "models[0].stall_timeout_s", "got inf"),
     # YAML values of the wrong shape, each once a traceback:
     ("    loader: [vllm]\n", "models[0].loader", "unknown loader ['vllm']"),
     ("    usecase: {a: 1}\n", "models[0].usecase", "unknown usecase {'a': 1}"),
@@ -100,3 +102,14 @@ def test_backpressure_limits_are_kept_as_written_and_unset_when_absent(tmp_path)
     assert (spec.max_ongoing_requests, spec.HasField("max_queued_requests"), spec.max_queued_requests) == (2, True, 0)
     (spec,) = load_model_set(write(tmp_path, "models:\n  - name: chat\n    model: builtin:tiny-qwen2\n"))
     assert not spec.HasField("max_ongoing_requests") and not spec.HasField("max_queued_requests")
+
+
+def test_a_stall_timeout_is_kept_as_written_0_included_and_unset_when_absent(tmp_path):
+    (spec,) = load_model_set(write(tmp_path, "models:\n  - name: chat\n    model: builtin:tiny-qwen2\n"
+                                             "    stall_timeout_s: 0\n"))
+    assert spec.HasField("stall_timeout_s") and spec.stall_timeout_s == 0  # 0: never, not the default
+    (spec,) = load_model_set(write(tmp_path, "models:\n  - name: chat\n    model: builtin:tiny-qwen2\n"
+                                             "    stall_timeout_s: 45.5\n"))
+    assert spec.stall_timeout_s == 45.5
+    (spec,) = load_model_set(write(tmp_path, "models:\n  - name: chat\n    model: builtin:tiny-qwen2\n"))
+    assert not spec.HasField("stall_timeout_s")

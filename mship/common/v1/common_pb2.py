@@ -25,31 +25,31 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmship/common/v1/common.proto\x12\x0fmship.common.v1\x1a\x1cgoogle/protobuf/struct.proto\"j\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x18\n\x10reasoning_tokens\x18\x04 \x01(\r\"\x94\x01\n\x11\x41utoscalingConfig\x12\x14\n\x0cmin_replicas\x18\x01 \x01(\r\x12\x14\n\x0cmax_replicas\x18\x02 \x01(\r\x12\x1f\n\x17target_ongoing_requests\x18\x03 \x01(\x01\x12\x17\n\x0fupscale_delay_s\x18\x04 \x01(\x01\x12\x19\n\x11\x64ownscale_delay_s\x18\x05 \x01(\x01\"\xd6\x04\n\tModelSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\'\n\x06loader\x18\x03 \x01(\x0e\x32\x17.mship.common.v1.Loader\x12)\n\x07usecase\x18\x04 \x01(\x0e\x32\x18.mship.common.v1.Usecase\x12\x10\n\x08num_cpus\x18\x05 \x01(\x01\x12\x10\n\x08num_gpus\x18\x06 \x01(\x01\x12\x14\n\x0cnum_replicas\x18\x07 \x01(\r\x12\x37\n\x0b\x61utoscaling\x18\x08 \x01(\x0b\x32\".mship.common.v1.AutoscalingConfig\x12\x15\n\rmax_model_len\x18\t \x01(\r\x12,\n\x0b\x65ngine_args\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0btool_parser\x18\x0b \x01(\t\x12\x18\n\x10reasoning_parser\x18\x0c \x01(\t\x12\x14\n\x0cmax_num_seqs\x18\r \x01(\r\x12\x33\n\tllama_cpp\x18\x0e \x01(\x0b\x32 .mship.common.v1.LlamaCppOptions\x12\x30\n\x0brate_limits\x18\x0f \x01(\x0b\x32\x1b.mship.common.v1.RateLimits\x12!\n\x14max_ongoing_requests\x18\x10 \x01(\rH\x00\x88\x01\x01\x12 \n\x13max_queued_requests\x18\x11 \x01(\rH\x01\x88\x01\x01\x42\x17\n\x15_max_ongoing_requestsB\x16\n\x14_max_queued_requests\"J\n\rReplicaLimits\x12\x1c\n\x14max_ongoing_requests\x18\x01 \x01(\r\x12\x1b\n\x13max_queued_requests\x18\x02 \x01(\r\"D\n\nRateLimits\x12\x1b\n\x13requests_per_minute\x18\x01 \x01(\r\x12\x19\n\x11tokens_per_minute\x18\x02 \x01(\r\"\xc7\x01\n\x0fLlamaCppOptions\x12\r\n\x05n_ctx\x18\x01 \x01(\r\x12\x12\n\nn_parallel\x18\x02 \x01(\r\x12\x11\n\tn_threads\x18\x03 \x01(\r\x12\x19\n\x0cn_gpu_layers\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x15\n\rchat_template\x18\x05 \x01(\t\x12\x15\n\rserver_binary\x18\x06 \x01(\t\x12\x13\n\x0bserver_args\x18\x07 \x03(\t\x12\x0f\n\x07runtime\x18\x08 \x01(\tB\x0f\n\r_n_gpu_layers\"&\n\x08\x45ndpoint\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r*\xa7\x02\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0fMODEL_NOT_FOUND\x10\x01\x12\x14\n\x10\x43ONTEXT_TOO_LONG\x10\x02\x12\x15\n\x11INVALID_PARAMETER\x10\x03\x12\x0e\n\nOVERLOADED\x10\x04\x12\r\n\tNOT_READY\x10\x05\x12\x10\n\x0c\x45NGINE_ERROR\x10\x06\x12\x15\n\x11UNSUPPORTED_INPUT\x10\x07\x12\x15\n\x11STORE_UNAVAILABLE\x10\x08\x12\r\n\tNOT_FOUND\x10\t\x12\x0c\n\x08\x43ONFLICT\x10\n\x12\x16\n\x12\x44\x45PLOY_IN_PROGRESS\x10\x0b\x12\x13\n\x0fUNAUTHENTICATED\x10\x0c\x12\x0f\n\x0b\x45NGINE_DIED\x10\r*t\n\x06Loader\x12\x16\n\x12LOADER_UNSPECIFIED\x10\x00\x12\x0f\n\x0bLOADER_VLLM\x10\x01\x12\x14\n\x10LOADER_LLAMA_CPP\x10\x02\x12\x10\n\x0cLOADER_PIPER\x10\x03\x12\x19\n\x15LOADER_FASTER_WHISPER\x10\x04*z\n\x07Usecase\x12\x17\n\x13USECASE_UNSPECIFIED\x10\x00\x12\x14\n\x10USECASE_GENERATE\x10\x01\x12\x11\n\rUSECASE_EMBED\x10\x02\x12\x12\n\x0eUSECASE_SPEECH\x10\x03\x12\x19\n\x15USECASE_TRANSCRIPTION\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmship/common/v1/common.proto\x12\x0fmship.common.v1\x1a\x1cgoogle/protobuf/struct.proto\"j\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x18\n\x10reasoning_tokens\x18\x04 \x01(\r\"\x94\x01\n\x11\x41utoscalingConfig\x12\x14\n\x0cmin_replicas\x18\x01 \x01(\r\x12\x14\n\x0cmax_replicas\x18\x02 \x01(\r\x12\x1f\n\x17target_ongoing_requests\x18\x03 \x01(\x01\x12\x17\n\x0fupscale_delay_s\x18\x04 \x01(\x01\x12\x19\n\x11\x64ownscale_delay_s\x18\x05 \x01(\x01\"\x88\x05\n\tModelSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\'\n\x06loader\x18\x03 \x01(\x0e\x32\x17.mship.common.v1.Loader\x12)\n\x07usecase\x18\x04 \x01(\x0e\x32\x18.mship.common.v1.Usecase\x12\x10\n\x08num_cpus\x18\x05 \x01(\x01\x12\x10\n\x08num_gpus\x18\x06 \x01(\x01\x12\x14\n\x0cnum_replicas\x18\x07 \x01(\r\x12\x37\n\x0b\x61utoscaling\x18\x08 \x01(\x0b\x32\".mship.common.v1.AutoscalingConfig\x12\x15\n\rmax_model_len\x18\t \x01(\r\x12,\n\x0b\x65ngine_args\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0btool_parser\x18\x0b \x01(\t\x12\x18\n\x10reasoning_parser\x18\x0c \x01(\t\x12\x14\n\x0cmax_num_seqs\x18\r \x01(\r\x12\x33\n\tllama_cpp\x18\x0e \x01(\x0b\x32 .mship.common.v1.LlamaCppOptions\x12\x30\n\x0brate_limits\x18\x0f \x01(\x0b\x32\x1b.mship.common.v1.RateLimits\x12!\n\x14max_ongoing_requests\x18\x10 \x01(\rH\x00\x88\x01\x01\x12 \n\x13max_queued_requests\x18\x11 \x01(\rH\x01\x88\x01\x01\x12\x1c\n\x0fstall_timeout_s\x18\x12 \x01(\x01H\x02\x88\x01\x01\x42\x17\n\x15_max_ongoing_requestsB\x16\n\x14_max_queued_requestsB\x12\n\x10_stall_timeout_s\"J\n\rReplicaLimits\x12\x1c\n\x14max_ongoing_requests\x18\x01 \x01(\r\x12\x1b\n\x13max_queued_requests\x18\x02 \x01(\r\"D\n\nRateLimits\x12\x1b\n\x13requests_per_minute\x18\x01 \x01(\r\x12\x19\n\x11tokens_per_minute\x18\x02 \x01(\r\"\xc7\x01\n\x0fLlamaCppOptions\x12\r\n\x05n_ctx\x18\x01 \x01(\r\x12\x12\n\nn_parallel\x18\x02 \x01(\r\x12\x11\n\tn_threads\x18\x03 \x01(\r\x12\x19\n\x0cn_gpu_layers\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x15\n\rchat_template\x18\x05 \x01(\t\x12\x15\n\rserver_binary\x18\x06 \x01(\t\x12\x13\n\x0bserver_args\x18\x07 \x03(\t\x12\x0f\n\x07runtime\x18\x08 \x01(\tB\x0f\n\r_n_gpu_layers\"&\n\x08\x45ndpoint\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r*\xa7\x02\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0fMODEL_NOT_FOUND\x10\x01\x12\x14\n\x10\x43ONTEXT_TOO_LONG\x10\x02\x12\x15\n\x11INVALID_PARAMETER\x10\x03\x12\x0e\n\nOVERLOADED\x10\x04\x12\r\n\tNOT_READY\x10\x05\x12\x10\n\x0c\x45NGINE_ERROR\x10\x06\x12\x15\n\x11UNSUPPORTED_INPUT\x10\x07\x12\x15\n\x11STORE_UNAVAILABLE\x10\x08\x12\r\n\tNOT_FOUND\x10\t\x12\x0c\n\x08\x43ONFLICT\x10\n\x12\x16\n\x12\x44\x45PLOY_IN_PROGRESS\x10\x0b\x12\x13\n\x0fUNAUTHENTICATED\x10\x0c\x12\x0f\n\x0b\x45NGINE_DIED\x10\r*t\n\x06Loader\x12\x16\n\x12LOADER_UNSPECIFIED\x10\x00\x12\x0f\n\x0bLOADER_VLLM\x10\x01\x12\x14\n\x10LOADER_LLAMA_CPP\x10\x02\x12\x10\n\x0cLOADER_PIPER\x10\x03\x12\x19\n\x15LOADER_FASTER_WHISPER\x10\x04*z\n\x07Usecase\x12\x17\n\x13USECASE_UNSPECIFIED\x10\x00\x12\x14\n\x10USECASE_GENERATE\x10\x01\x12\x11\n\rUSECASE_EMBED\x10\x02\x12\x12\n\x0eUSECASE_SPEECH\x10\x03\x12\x19\n\x15USECASE_TRANSCRIPTION\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mship.common.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ERRORREASON']._serialized_start=1328
-  _globals['_ERRORREASON']._serialized_end=1623
-  _globals['_LOADER']._serialized_start=1625
-  _globals['_LOADER']._serialized_end=1741
-  _globals['_USECASE']._serialized_start=1743
-  _globals['_USECASE']._serialized_end=1865
+  _globals['_ERRORREASON']._serialized_start=1378
+  _globals['_ERRORREASON']._serialized_end=1673
+  _globals['_LOADER']._serialized_start=1675
+  _globals['_LOADER']._serialized_end=1791
+  _globals['_USECASE']._serialized_start=1793
+  _globals['_USECASE']._serialized_end=1915
   _globals['_USAGE']._serialized_start=79
   _globals['_USAGE']._serialized_end=185
   _globals['_AUTOSCALINGCONFIG']._serialized_start=188
   _globals['_AUTOSCALINGCONFIG']._serialized_end=336
   _globals['_MODELSPEC']._serialized_start=339
-  _globals['_MODELSPEC']._serialized_end=937
-  _globals['_REPLICALIMITS']._serialized_start=939
-  _globals['_REPLICALIMITS']._serialized_end=1013
-  _globals['_RATELIMITS']._serialized_start=1015
-  _globals['_RATELIMITS']._serialized_end=1083
-  _globals['_LLAMACPPOPTIONS']._serialized_start=1086
-  _globals['_LLAMACPPOPTIONS']._serialized_end=1285
-  _globals['_ENDPOINT']._serialized_start=1287
-  _globals['_ENDPOINT']._serialized_end=1325
+  _globals['_MODELSPEC']._serialized_end=987
+  _globals['_REPLICALIMITS']._serialized_start=989
+  _globals['_REPLICALIMITS']._serialized_end=1063
+  _globals['_RATELIMITS']._serialized_start=1065
+  _globals['_RATELIMITS']._serialized_end=1133
+  _globals['_LLAMACPPOPTIONS']._serialized_start=1136
+  _globals['_LLAMACPPOPTIONS']._serialized_end=1335
+  _globals['_ENDPOINT']._serialized_start=1337
+  _globals['_ENDPOINT']._serialized_end=1375
 # @@protoc_insertion_point(module_scope)

@@ -92,7 +92,7 @@ class AutoscalingConfig(_message.Message):
     def __init__(self, min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., target_ongoing_requests: _Optional[float] = ..., upscale_delay_s: _Optional[float] = ..., downscale_delay_s: _Optional[float] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
-    __slots__ = ("name", "model", "loader", "usecase", "num_cpus", "num_gpus", "num_replicas", "autoscaling", "max_model_len", "engine_args", "tool_parser", "reasoning_parser", "max_num_seqs", "llama_cpp", "rate_limits", "max_ongoing_requests", "max_queued_requests")
+    __slots__ = ("name", "model", "loader", "usecase", "num_cpus", "num_gpus", "num_replicas", "autoscaling", "max_model_len", "engine_args", "tool_parser", "reasoning_parser", "max_num_seqs", "llama_cpp", "rate_limits", "max_ongoing_requests", "max_queued_requests", "stall_timeout_s")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     LOADER_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,7 @@ class ModelSpec(_message.Message):
     RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     MAX_ONGOING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    STALL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     loader: Loader
@@ -127,7 +128,8 @@ class ModelSpec(_message.Message):
     rate_limits: RateLimits
     max_ongoing_requests: int
     max_queued_requests: int
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., loader: _Optional[_Union[Loader, str]] = ..., usecase: _Optional[_Union[Usecase, str]] = ..., num_cpus: _Optional[float] = ..., num_gpus: _Optional[float] = ..., num_replicas: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingConfig, _Mapping]] = ..., max_model_len: _Optional[int] = ..., engine_args: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tool_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., llama_cpp: _Optional[_Union[LlamaCppOptions, _Mapping]] = ..., rate_limits: _Optional[_Union[RateLimits, _Mapping]] = ..., max_ongoing_requests: _Optional[int] = ..., max_queued_requests: _Optional[int] = ...) -> None: ...
+    stall_timeout_s: float
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., loader: _Optional[_Union[Loader, str]] = ..., usecase: _Optional[_Union[Usecase, str]] = ..., num_cpus: _Optional[float] = ..., num_gpus: _Optional[float] = ..., num_replicas: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingConfig, _Mapping]] = ..., max_model_len: _Optional[int] = ..., engine_args: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tool_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., llama_cpp: _Optional[_Union[LlamaCppOptions, _Mapping]] = ..., rate_limits: _Optional[_Union[RateLimits, _Mapping]] = ..., max_ongoing_requests: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., stall_timeout_s: _Optional[float] = ...) -> None: ...
 
 class ReplicaLimits(_message.Message):
     __slots__ = ("max_ongoing_requests", "max_queued_requests")
