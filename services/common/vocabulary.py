@@ -41,6 +41,11 @@ def loader_name(loader: int) -> str:
     return LOADER_NAMES.get(loader, "vllm")
 
 
+# How long a replica that Serve stops while it serves (a downscale, a node drained, a replacement,
+# the platform stopping) lets its in-flight streams run on: Serve picks it by node, not by what runs
+# on it, and a rescale must not cut long generations. A node's drain and `mship stop`'s
+# --stop-timeout bound it further; a stop with nothing in flight does not wait.
+STREAM_DRAIN_S = 300.0
 DEFAULT_REPLICA_CPUS = 0.5  # what a model replica asks Ray for when its spec names no num_cpus
 # A model's name (its OpenAI `model` id), as models.yaml and the coordinator accept it.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")

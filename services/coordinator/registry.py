@@ -102,6 +102,12 @@ class ReplicaRegistry:
             return active.limits
         return replica_limits(replica.info.spec)  # an old version draining keeps its own
 
+    def routed(self, replica_id: str) -> bool:
+        """Whether the replica's version is the one its model routes to."""
+        replica = self.replicas.get(replica_id)
+        active = self.active.get(replica.info.model) if replica is not None else None
+        return active is not None and active.version == replica.info.version  # type: ignore[union-attr]
+
     async def unregister(self, replica_id: str) -> None:
         if self.replicas.pop(replica_id, None) is not None:
             await self._bump()

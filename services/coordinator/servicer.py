@@ -94,8 +94,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
         if request.leaving:
+            routed = self.registry.routed(request.replica_id)
             await self.registry.unregister(request.replica_id)
-            return pb.HeartbeatResponse(known=False)
+            return pb.HeartbeatResponse(known=False, routed=routed)
         limits = await self.registry.heartbeat(request)
         return pb.HeartbeatResponse(known=limits is not None, limits=limits)
 

@@ -15,7 +15,7 @@ from services.common.picker import PREFIX_AFFINITY, make_picker
 from services.common.routes import RouteTable, RoutingWatcher
 from services.common.sighup import ignore_sighup
 from services.common.tracing import configure_tracing
-from services.common.vocabulary import ENV_REPLICA_PICKER
+from services.common.vocabulary import ENV_REPLICA_PICKER, STREAM_DRAIN_S
 from services.gateway.app import GatewaySettings, create_app
 from services.gateway.edge.http_server import ReusePortServer
 from services.gateway.responses.compaction import CompactionCodec
@@ -25,6 +25,10 @@ from services.state.client import StateClient
 
 log = logging.getLogger(__name__)
 ROUTES_TIMEOUT_S = 60.0
+LISTENERS_DRAIN_S = 2.0  # listeners closed; connections the kernel queued are still served
+# Serve kills a replica this long after it asked it to stop: the drain, the streams' time
+# (STREAM_DRAIN_S), then the routing watch and state channel closing.
+GRACEFUL_SHUTDOWN_S = LISTENERS_DRAIN_S + STREAM_DRAIN_S + 10.0
 
 
 @serve.deployment(
@@ -32,7 +36,7 @@ ROUTES_TIMEOUT_S = 60.0
     # server (ReusePortServer.start_here), runs on the replica's main loop.
     ray_actor_options={"num_cpus": 0.1},
     max_surge_percent=100,  # the replacement listens before the old replica stops: no refused connections
-    graceful_shutdown_timeout_s=30,
+    graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
     graceful_shutdown_wait_loop_s=0.5,
     health_check_period_s=2,
     max_ongoing_requests=4,
@@ -77,7 +81,8 @@ class GatewayDeployment:
                 await self.state.close()
             await self.watcher.stop()
 
-        self.http = ReusePortServer(app, host, port, on_start=on_start, on_stop=on_stop, server_id=replica_id)
+        self.http = ReusePortServer(app, host, port, on_start=on_start, on_stop=on_stop, server_id=replica_id,
+                                    drain_s=LISTENERS_DRAIN_S, graceful_s=STREAM_DRAIN_S)
         await self.http.start_here()
         log.info("gateway on %s:%d (coordinator %s)", host, port, coordinator)
 

@@ -20,7 +20,7 @@ from mship.coordinator.v1 import coordinator_pb2 as cpb
 from services.common.autoscaling import autoscaling_config
 from services.common.logs import configure_logging
 from services.common.tracing import configure_tracing
-from services.common.vocabulary import DEFAULT_REPLICA_CPUS, capability_resource, loader_name
+from services.common.vocabulary import DEFAULT_REPLICA_CPUS, STREAM_DRAIN_S, capability_resource, loader_name
 from services.worker import metrics
 from services.worker.engine_metrics import sample_forever
 from services.worker.llama_server import STOP_GRACE_S
@@ -28,12 +28,14 @@ from services.worker.registration import LEAVE_TIMEOUT_S, Registrar, node_lease
 from services.worker.server import WorkerServer, start_worker_server
 
 log = logging.getLogger(__name__)
+# How long a stopping replica lets its in-flight calls finish: STREAM_DRAIN_S while its version
+# serves; a version a deploy retired had the deploy's own drain first (drain_timeout_s).
+RETIRED_DRAIN_S = 20.0
 # Serve kills a replica this long after it asked it to stop. Stopping is: leave routing (one call
 # to the coordinator), drain the in-flight calls, stop the engine (a llama-server gets SIGTERM,
 # then SIGKILL). All of it must fit, or the kill lands mid-stop: the engine's process is left
-# behind, its memory held. The drain gets what the other steps leave, less a margin.
-GRACEFUL_SHUTDOWN_S = 30.0
-DRAIN_S = GRACEFUL_SHUTDOWN_S - LEAVE_TIMEOUT_S - STOP_GRACE_S - 3.0
+# behind, its memory held.
+GRACEFUL_SHUTDOWN_S = LEAVE_TIMEOUT_S + STREAM_DRAIN_S + STOP_GRACE_S + 3.0
 
 
 @serve.deployment(
@@ -105,10 +107,14 @@ class WorkerDeployment:
         # be missing when __init__ failed: a failed load never registered.)
         if getattr(self, "_engine_metrics", None) is not None:
             self._engine_metrics.cancel()
+        routed = True
         if hasattr(self, "registrar"):
-            await self.registrar.stop()
+            routed = await self.registrar.stop()
         if hasattr(self, "server"):
-            await self.server.stop(grace_s=DRAIN_S)
+            grace_s = STREAM_DRAIN_S if routed else RETIRED_DRAIN_S
+            log.info("stopping: %d calls in flight may finish within %.0f s (%s)", len(self.server.servicer.inflight),
+                     grace_s, "its version serves" if routed else "its version was retired")
+            await self.server.stop(grace_s=grace_s)
 
 
 def worker_app(spec: common_pb2.ModelSpec, version: str, coordinator: str):

@@ -78,16 +78,21 @@ class Registrar:
         elif reply.HasField("limits") and reply.limits != beat.limits:
             self._on_limits(reply.limits)
 
-    async def stop(self) -> None:
+    async def stop(self) -> bool:
+        """Leave routing; whether the replica's version still took traffic (`HeartbeatResponse.routed`;
+        also when the coordinator does not answer: then the platform itself is stopping)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):  # a dead task must not stop the drain
                 await self._task
+        routed = True
         with contextlib.suppress(grpc.aio.AioRpcError):
             # Mark the replica gone at once rather than after missed heartbeats (drain).
-            await self._stub.Heartbeat(pb.HeartbeatRequest(replica_id=self.replica.replica_id, leaving=True),
-                                       timeout=LEAVE_TIMEOUT_S)
+            reply = await self._stub.Heartbeat(pb.HeartbeatRequest(replica_id=self.replica.replica_id, leaving=True),
+                                               timeout=LEAVE_TIMEOUT_S)
+            routed = reply.routed
         await self._channel.close()
+        return routed
 
 
 LEASE_TTL_S = 30.0

@@ -88,3 +88,52 @@ async def test_a_drained_gateway_loses_no_request_while_another_shares_its_port(
         pytest.xfail(f"net.ipv4.tcp_migrate_req=0: Linux reset connections queued on the closing socket: "
                      f"{clients.failures}")
     assert clients.failures == []
+
+
+class StreamApp:
+    """One chunk every `every_s`, `chunks` of them: a long generation streamed."""
+
+    def __init__(self, chunks: int, every_s: float) -> None:
+        self.chunks, self.every_s = chunks, every_s
+        self.started = asyncio.Event()
+
+    async def __call__(self, scope, receive, send) -> None:
+        while (await receive())["type"] != "http.request":
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        self.started.set()
+        for i in range(self.chunks):
+            await asyncio.sleep(self.every_s)
+            await send({"type": "http.response.body", "body": f"{i}\n".encode(), "more_body": True})
+        await send({"type": "http.response.body", "body": b"end\n"})
+
+
+async def read_stream(port: int) -> str:
+    async with httpx.AsyncClient(timeout=30) as http:
+        try:
+            return (await http.get(f"http://127.0.0.1:{port}/")).text
+        except httpx.HTTPError as e:
+            return repr(e)
+
+
+@pytest.mark.parametrize(("graceful_s", "whole"), [(3.0, True), (0.5, False)])
+async def test_a_stopping_gateway_lets_a_stream_run_to_its_end_within_its_graceful_time(graceful_s, whole):
+    """What a gateway replica Serve stops does with a stream in flight (its graceful time is
+    STREAM_DRAIN_S, below): finishes it when it ends in time, cuts it at the bound otherwise, and
+    returns then, not after a fixed wait."""
+    app = StreamApp(chunks=10, every_s=0.1)
+    server = ReusePortServer(app, "127.0.0.1", 0, drain_s=0.1, graceful_s=graceful_s)
+    await server.start_here()  # on this loop, as in a replica
+    reading = asyncio.ensure_future(read_stream(server.port))
+    await asyncio.wait_for(app.started.wait(), 10)
+    await asyncio.wait_for(server.drain_and_stop(), graceful_s + 5)
+    text = await reading
+    assert text.endswith("end\n") is whole, text
+
+
+def test_a_gateway_replica_lets_serve_wait_for_its_streams():
+    from services.common.vocabulary import STREAM_DRAIN_S
+    from services.gateway import deployment
+
+    config = deployment.GatewayDeployment._deployment_config
+    assert config.graceful_shutdown_timeout_s > deployment.LISTENERS_DRAIN_S + STREAM_DRAIN_S

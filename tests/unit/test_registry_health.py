@@ -60,3 +60,18 @@ async def test_heartbeats_record_load_and_hand_out_the_routed_versions_limits():
     assert registry.replicas["a"].load.running_requests == 2
     assert await registry.heartbeat(pb.HeartbeatRequest(replica_id="old")) == replica_limits(None)  # its own spec's
     assert await registry.heartbeat(pb.HeartbeatRequest(replica_id="gone")) is None  # unknown: register again
+
+
+async def test_a_leaving_replica_is_routed_while_its_version_takes_traffic_and_not_once_retired():
+    """What a replica that stops is told (HeartbeatResponse.routed): Serve stopping a replica of the
+    version that serves (a downscale) lets its streams finish; a version a deploy switched away from
+    or removed had that deploy's drain."""
+    registry = ReplicaRegistry()
+    await registry.set_active("chat", ActiveModel("v1", common_pb2.USECASE_GENERATE))
+    await registry.register(replica("a", version="v1"))
+    await registry.register(replica("b", version="v2"))
+    assert registry.routed("a") and not registry.routed("b")  # b: the new version, not switched to yet
+    await registry.set_active("chat", ActiveModel("v2", common_pb2.USECASE_GENERATE))
+    assert not registry.routed("a") and registry.routed("b")
+    await registry.set_active("chat", None)
+    assert not registry.routed("b") and not registry.routed("nobody")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import types
 from collections.abc import AsyncIterator
 
 import grpc
@@ -32,6 +33,7 @@ class FakeCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
         self.renewed: asyncio.Queue[str] = asyncio.Queue()  # holders, as renewals are granted
         self.registered: asyncio.Queue[str] = asyncio.Queue()
         self.beats: asyncio.Queue[pb.HeartbeatRequest] = asyncio.Queue()
+        self.routed = False  # what a leaving replica is told
 
     def restart(self) -> None:
         self.leases, self.replicas = LeaseManager(), set()
@@ -61,7 +63,7 @@ class FakeCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
     async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
         if request.leaving:
             self.replicas.discard(request.replica_id)
-            return pb.HeartbeatResponse(known=False)
+            return pb.HeartbeatResponse(known=False, routed=self.routed)
         self.beats.put_nowait(request)
         return pb.HeartbeatResponse(known=request.replica_id in self.replicas)
 
@@ -130,11 +132,46 @@ async def test_a_replica_registers_again_with_a_restarted_coordinator(coordinato
         await registrar.stop()
 
 
+async def test_a_leaving_replica_learns_whether_its_version_still_serves(coordinator):
+    fake, address = coordinator
+    for routed in (True, False):
+        fake.routed = routed
+        registrar = Registrar(address, REPLICA, pb.HeartbeatRequest)
+        await registrar.start()
+        assert await registrar.stop() is routed and "r1" not in fake.replicas
+
+
+async def test_a_replica_leaving_an_unreachable_coordinator_counts_as_routed():
+    """No coordinator to ask: the platform is stopping (its own deadline bounds the drain)."""
+    registrar = Registrar("127.0.0.1:1", REPLICA, pb.HeartbeatRequest)
+    assert await registrar.stop() is True
+
+
+@pytest.mark.parametrize("routed", [True, False])
+async def test_a_stopping_replica_drains_for_streams_unless_its_version_was_retired(routed):
+    from services.worker import deployment
+
+    class Stopped:
+        grace_s: float | None = None
+        servicer = type("Servicer", (), {"inflight": ()})()
+
+        async def stop(self, grace_s: float) -> None:
+            self.grace_s = grace_s
+
+    class Leaving:
+        async def stop(self) -> bool:
+            return routed
+
+    replica = types.SimpleNamespace(registrar=Leaving(), server=Stopped(), _engine_metrics=None)
+    await deployment.WorkerDeployment.func_or_class.__del__(replica)  # what Serve calls to stop it
+    assert replica.server.grace_s == (deployment.STREAM_DRAIN_S if routed else deployment.RETIRED_DRAIN_S)
+
+
 def test_a_replicas_whole_stop_fits_in_serves_graceful_shutdown_timeout():
     """Leave routing, drain, stop the engine (SIGTERM, then SIGKILL after its grace): past Serve's
     timeout the replica is killed mid-stop and its engine process is left behind."""
-    from services.worker.deployment import DRAIN_S, WorkerDeployment
+    from services.worker.deployment import RETIRED_DRAIN_S, STREAM_DRAIN_S, WorkerDeployment
 
     stop_grace_s = inspect.signature(llama_server.LlamaServer.stop).parameters["grace_s"].default
-    worst = registration.LEAVE_TIMEOUT_S + DRAIN_S + stop_grace_s
+    worst = registration.LEAVE_TIMEOUT_S + max(STREAM_DRAIN_S, RETIRED_DRAIN_S) + stop_grace_s
     assert worst < WorkerDeployment._deployment_config.graceful_shutdown_timeout_s

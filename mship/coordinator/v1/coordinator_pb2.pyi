@@ -263,12 +263,14 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., inflight_calls: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., leaving: _Optional[bool] = ..., unhealthy: _Optional[bool] = ..., limits: _Optional[_Union[_common_pb2.ReplicaLimits, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("known", "limits")
+    __slots__ = ("known", "limits", "routed")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_FIELD_NUMBER: _ClassVar[int]
     known: bool
     limits: _common_pb2.ReplicaLimits
-    def __init__(self, known: _Optional[bool] = ..., limits: _Optional[_Union[_common_pb2.ReplicaLimits, _Mapping]] = ...) -> None: ...
+    routed: bool
+    def __init__(self, known: _Optional[bool] = ..., limits: _Optional[_Union[_common_pb2.ReplicaLimits, _Mapping]] = ..., routed: _Optional[bool] = ...) -> None: ...
 
 class ModelRoute(_message.Message):
     __slots__ = ("name", "version", "usecase", "max_model_len", "replicas", "embedding_dimension", "rate_limits", "scale_to_zero", "accepts_images")

@@ -168,7 +168,7 @@ class ReusePortServer:
         self.server_id = server_id
         self.inflight = 0
         self.draining = False
-        self.drain_s = drain_s
+        self.drain_s, self.graceful_s = drain_s, graceful_s
         self.sock = reuseport_socket(host, port)
         self.port = self.sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(
@@ -255,7 +255,7 @@ class ReusePortServer:
         await asyncio.sleep(self.drain_s)
         self.server.should_exit = True
         if self._task is not None:
-            await asyncio.wait({self._task}, timeout=30)
+            await asyncio.wait({self._task}, timeout=self.graceful_s + 10)
         else:
             assert self._thread is not None
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30)
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, self.graceful_s + 10)
