@@ -11,6 +11,7 @@ its deltas itself as before.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import itertools
 import logging
@@ -27,8 +28,14 @@ log = logging.getLogger(__name__)
 REOPEN_AFTER_S = 1.0  # a stream that broke is opened again (by a call) no sooner than this
 ASK_AGAIN_S = 60.0  # a worker without Deliver is asked again after this (it may be upgraded in place)
 _CALL_ENDED = object()
+_CANCELLED = object()
 CALL_END_WAIT_S = 1.0  # a call whose delivery stream broke waits this long for its own end (`_cause`)
 DELIVERED = "delivered"  # ErrorInfo metadata: the deltas a failed call sent on the delivery stream first
+# A call whose reader leaves this many items unread (its client stopped reading) gets later deltas
+# merged into its last one: what it holds grows with the text, not by a message per token (the
+# per-call gRPC flow window bounded it before deltas shared a stream; vLLM's server merges too).
+COALESCE_AFTER = 64
+MAX_CHOICES = 16  # choices per request a worker runs (`n`): how far back a delta looks for its choice's last
 
 
 class StreamEnded:
@@ -61,6 +68,84 @@ def delivered_before(error: BaseException) -> int:
     return int(ErrorDetails.from_rpc_error(error).metadata.get(DELIVERED, 0))
 
 
+class Merged:
+    """Deltas of one choice merged into one event: `count` of them, as the worker counted them."""
+
+    __slots__ = ("count", "event")
+
+    def __init__(self, event: pb.InferEvent, count: int) -> None:
+        self.event, self.count = event, count
+
+
+def merge(into: pb.InferEvent, delta: pb.InferEvent) -> bool:
+    """Append `delta`'s text, reasoning and logprobs to `into`'s, when that keeps the stream's
+    meaning: the same choice, no tool-call fragments, no reasoning after text."""
+    a, b = into.delta, delta.delta
+    if a.index != b.index or a.tool_calls or b.tool_calls or (a.text and b.reasoning):
+        return False
+    a.text += b.text
+    a.reasoning += b.reasoning
+    a.token_count += b.token_count
+    if b.logprobs:
+        a.logprobs.extend(b.logprobs)
+    return True
+
+
+class CallEvents:
+    """One call's events in order (what asyncio.Queue offers it), merging deltas that come while
+    COALESCE_AFTER items wait (`Merged`)."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Any] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        items = self._items
+        if len(items) >= COALESCE_AFTER and self._merged(item):
+            return
+        items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _merged(self, item: Any) -> bool:
+        """Into the last waiting delta of its choice (choices interleave when n > 1)."""
+        if not isinstance(item, pb.InferEvent) or not item.HasField("delta"):
+            return False
+        items = self._items
+        for back in range(1, min(len(items), MAX_CHOICES) + 1):
+            waiting = items[-back]
+            event = waiting.event if isinstance(waiting, Merged) else waiting
+            if not isinstance(event, pb.InferEvent) or not event.HasField("delta"):
+                return False  # never across the call's Final, an error or the stream's end
+            if event.delta.index == item.delta.index:
+                if not merge(event, item):
+                    return False
+                if isinstance(waiting, Merged):
+                    waiting.count += 1
+                else:
+                    items[-back] = Merged(event, 2)
+                return True
+        return False
+
+    async def get(self) -> Any:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    def get_nowait(self) -> Any:
+        return self._items.popleft()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+
 class DeliveredCall:
     """An Infer call whose deltas come on its endpoint's delivery stream. Read like the call itself
     (`read()`: the next event, `grpc.aio.EOF` at the end, `AioRpcError` on failure; `cancel()`): the
@@ -69,7 +154,7 @@ class DeliveredCall:
     waits until every delta it counts has been read."""
 
     def __init__(self, call: grpc.aio.UnaryStreamCall, reader: DeliveryReader, tag: int,
-                 queue: asyncio.Queue[Any]) -> None:
+                 queue: CallEvents) -> None:
         self._call, self._reader, self._tag, self._queue = call, reader, tag, queue
         self._deltas = 0  # delta events read so far
         self._held: Any = None  # the call's Final or error, held until `_deltas` reaches `_count`
@@ -78,6 +163,7 @@ class DeliveredCall:
         self._final_read = False
         self._cancelled = False
         self._stream_ended: StreamEnded | None = None  # the delivery stream ended meanwhile
+        self._on_call = False  # the worker sends this call's deltas on the call itself (it did not know the stream)
         self._follower = asyncio.ensure_future(self._follow())
 
     async def _follow(self) -> None:
@@ -87,6 +173,7 @@ class DeliveredCall:
         try:
             while (event := await self._call.read()) is not grpc.aio.EOF:
                 final = event.HasField("final")
+                self._on_call = self._on_call or not final
                 put(event)
         except grpc.aio.AioRpcError as e:
             put(e)
@@ -99,6 +186,8 @@ class DeliveredCall:
 
     async def read(self) -> Any:
         while True:
+            if self._cancelled:  # as a cancelled grpc.aio call's read() does
+                raise asyncio.CancelledError()
             held = self._held
             if held is not None and self._deltas >= self._count:
                 self._held = None
@@ -112,31 +201,51 @@ class DeliveredCall:
             item = await self._queue.get()
             if item is _CALL_ENDED:
                 self._call_ended = True
+            elif item is _CANCELLED:
+                continue
             elif isinstance(item, StreamEnded):
                 self._stream_ended = item
-                if item.broken and not self._final_read:
-                    raise self._failed(await self._cause(item))  # deltas may have been lost with it
+                if item.broken and not self._final_read and not self._on_call:
+                    await self._settle()  # deltas may have been lost with it, unless its Final says otherwise
+                    if not (self._holds_final() and self._deltas >= self._count):
+                        raise self._failed(self._held if isinstance(self._held, BaseException) else item.error())
             elif isinstance(item, BaseException):
-                self._held, self._count = item, delivered_before(item)
+                if not self._holds_final():  # an error after the Final (a deadline before the trailers): whole
+                    self._held, self._count = item, delivered_before(item)
+            elif isinstance(item, Merged):
+                self._deltas += item.count
+                return item.event
             elif not item.HasField("final"):
                 self._deltas += 1
                 return item
             else:
                 self._held, self._count = item, item.final.delivered
-            if self._stream_ended is not None and self._held is not None and self._deltas < self._count:
-                raise self._failed(await self._cause(self._stream_ended))  # deltas it counts will not come any more
+            ended = self._stream_ended
+            if ended is not None and self._held is not None and self._deltas < self._count:
+                await self._settle()  # deltas it counts will not come any more
+                raise self._failed(self._held if isinstance(self._held, BaseException) else ended.error())
 
-    async def _cause(self, ended: StreamEnded) -> BaseException:
-        """Why a call whose delivery stream ended fails: its own error if it has one, else the
-        stream's. The call's own end is waited for (briefly): when the connection broke, the delivery
-        stream, which was sending, usually learns it first, and a call made again at once on the
-        same replica would go out on the dead connection before the channel dropped it."""
+    def _holds_final(self) -> bool:
+        return isinstance(self._held, pb.InferEvent)
+
+    async def _settle(self) -> None:
+        """The delivery stream ended while this call ran: take what the call itself sent since (its
+        Final, its error: it fails with its own error, not the stream's). The call's end is waited
+        for (briefly): when the connection broke, the delivery stream, which was sending, usually
+        learns it first, and a call made again at once on the same replica would go out on the dead
+        connection before the channel dropped it. (No delta comes after the stream's end: a call's
+        deltas come all on the stream or all on the call.)"""
         if not self._follower.done():
             await asyncio.wait({self._follower}, timeout=CALL_END_WAIT_S)
-        while not isinstance(self._held, BaseException) and not self._queue.empty():
-            if isinstance(item := self._queue.get_nowait(), BaseException):
-                self._held = item
-        return self._held if isinstance(self._held, BaseException) else ended.error()
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is _CALL_ENDED:
+                self._call_ended = True
+            elif isinstance(item, BaseException):
+                if not self._holds_final():
+                    self._held, self._count = item, delivered_before(item)
+            elif isinstance(item, pb.InferEvent) and item.HasField("final"):
+                self._held, self._count = item, item.final.delivered
 
     def _failed(self, error: BaseException) -> BaseException:
         self._reader.detach(self._tag)
@@ -146,6 +255,7 @@ class DeliveredCall:
         self._cancelled = True
         self._reader.detach(self._tag)
         self._follower.cancel()
+        self._queue.put_nowait(_CANCELLED)  # wakes a read() waiting in another task
         return self._call.cancel()
 
 
@@ -176,7 +286,7 @@ class DeliveryReader:
             return self._stub.Infer(request, **kwargs)
         tag = next(self._tags)
         request.delivery.id, request.delivery.tag = self._id, tag
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        queue = CallEvents()
         self._queues[tag] = queue.put_nowait  # before the call starts: its first delta may come at once
         try:
             return DeliveredCall(self._stub.Infer(request, **kwargs), self, tag, queue)
