@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ import grpc
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.auth import platform_token
 from services.common.errors import ErrorDetails
-from services.common.infer import UpstreamError, call_unary, open_infer
+from services.common.infer import UpstreamError, call_unary, left_of, open_infer, within
 from services.common.picker import PrefixAffinity, ReplicaPicker
 from services.common.routes import RouteTable, RoutingWatcher
 from services.common.vocabulary import ENV_RAY_AUTH_TOKEN
@@ -185,9 +186,10 @@ class MshipClient:
             raise MshipError(ErrorDetails(grpc.StatusCode.NOT_FOUND, f"model {model!r} is not served",
                                           reason="MODEL_NOT_FOUND"))
         request = pb.EmbedRequest(request_id=uuid.uuid4().hex, model=model, inputs=inputs)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
-            reply = await call_unary(self.table, model,
-                                     lambda endpoint: endpoint.stub.Embed(request, timeout=timeout_s))
+            reply = await within(timeout_s, call_unary(
+                self.table, model, lambda endpoint: endpoint.stub.Embed(request, timeout=left_of(deadline))))
         except UpstreamError as e:
             raise MshipError(e.details) from e
         return [list(e.values) for e in reply.embeddings]

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 # Before the first token nothing has been sent to the client, so these are safe to retry elsewhere
 # (as is a call gRPC dropped: `ErrorDetails.dropped`).
 RETRY_ELSEWHERE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
+START_REFUSED = "start_refused"  # ErrorDetails.metadata: why the coordinator starts no replica of the model
 
 
 T = TypeVar("T")
@@ -47,7 +48,9 @@ class Attempts:
        if one arrived meanwhile or arrives within `table.refresh_wait_s`: a gateway's snapshot can
        trail the coordinator's, and a call that found only the replicas a cutover or a rescale just
        stopped is answered by the ones that replaced them.
-    Busy replicas are not waited for: the caller is told at once."""
+    An endpoint that left the routes meanwhile (a newer snapshot) is not tried: the call waits
+    for, and tries, that snapshot's endpoints instead. Busy replicas are not waited for: the caller
+    is told at once."""
 
     def __init__(self, table: RouteTable, model: str, affinity: str | None = None) -> None:
         self.table, self.model, self.affinity = table, model, affinity
@@ -60,12 +63,16 @@ class Attempts:
         async generator is closed later by a task of its own (~10 µs a call)."""
         table, version, tried = self.table, self.table.version, set()
         for endpoint in table.candidates(self.model, self.affinity) or await table.cold_start(self.model):
+            if endpoint.idle is not None:  # it left the routes while an earlier one was tried
+                self.gone = True
+                continue
             tried.add(endpoint.address)
             yield endpoint
         again, self.connection_failed = self.connection_failed, set()
         if again:
             for endpoint in table.candidates(self.model, self.affinity):
                 if endpoint.address in again:
+                    await table.let_go(endpoint)
                     yield endpoint
         if self.gone and await table.wait_newer(version, table.refresh_wait_s):
             for endpoint in table.candidates(self.model, self.affinity):
@@ -81,8 +88,9 @@ class Attempts:
         answered: UpstreamError unless another endpoint may be tried (an unreachable one counts a
         failure on its breaker; a busy one stays in rotation)."""
         self.last = details = ErrorDetails.from_rpc_error(e)
-        if e.code() not in RETRY_ELSEWHERE and not details.dropped:
-            raise UpstreamError(details) from e
+        if (e.code() not in RETRY_ELSEWHERE and not details.dropped) or (
+                e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and details.reason != "OVERLOADED"):
+            raise UpstreamError(details) from e  # (gRPC's own: past the message limit, everywhere)
         if e.code() == grpc.StatusCode.UNAVAILABLE or details.dropped:
             self.gone = True
             self.table.mark_bad(endpoint, started_at)
@@ -93,10 +101,33 @@ class Attempts:
 
     def refused(self) -> UpstreamError:
         """No endpoint answered: the last failure, or that there was none to try."""
+        if self.last is not None:
+            return UpstreamError(self.last)
         refused = self.table.start_refused.get(self.model)
-        why = f"no live replica of {self.model!r}" + (f"; none will start: {refused}" if refused else "")
-        return UpstreamError(self.last or ErrorDetails(
-            grpc.StatusCode.UNAVAILABLE, why, reason="NOT_READY", retry_after_s=1.0))
+        if refused:  # the coordinator is asked again in a while, not before
+            return UpstreamError(ErrorDetails(
+                grpc.StatusCode.UNAVAILABLE, f"no live replica of {self.model!r}; none will start: {refused}",
+                reason="NOT_READY", retry_after_s=self.table.asks_again_in(self.model),
+                metadata={START_REFUSED: refused}))
+        return UpstreamError(ErrorDetails(grpc.StatusCode.UNAVAILABLE, f"no live replica of {self.model!r}",
+                                          reason="NOT_READY", retry_after_s=1.0))
+
+
+async def within(timeout_s: float | None, work: Awaitable[T]) -> T:
+    """`work`, whose attempts, retries and waits (a cold start, a newer snapshot) all fit in the
+    call's deadline: DEADLINE_EXCEEDED past it (each attempt's own gRPC deadline is what is left)."""
+    if timeout_s is None:
+        return await work
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await work
+    except TimeoutError:
+        raise UpstreamError(ErrorDetails(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                         f"no replica answered within the call's deadline ({timeout_s:g} s)")) from None
+
+
+def left_of(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 async def call_unary(table: RouteTable, model: str, call: Callable[[Endpoint], Awaitable[T]]) -> T:
@@ -198,9 +229,11 @@ class InferStream:
 
 async def open_infer(table: RouteTable, model: str, request: pb.InferRequest,
                      timeout_s: float | None = None, metadata: tuple[tuple[str, str | bytes], ...] = ()) -> InferStream:
-    """Start the Infer call on the best endpoint (for its prompt's prefix) and wait for its first event."""
-    return await open_stream(table, model, lambda e: e.delivery.infer(request, timeout=timeout_s,
-                                                                      metadata=metadata or None), prefix_key(request))
+    """Start the Infer call on the best endpoint (for its prompt's prefix) and wait for its first event.
+    `timeout_s`: the call's deadline, retries and the stream after its first event included."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    return await within(timeout_s, open_stream(table, model, lambda e: e.delivery.infer(
+        request, timeout=left_of(deadline), metadata=metadata or None), prefix_key(request)))
 
 
 async def open_stream(table: RouteTable, model: str,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -39,10 +40,14 @@ COLD_START_TIMEOUT_S = 120.0  # a request to a model at zero replicas waits this
 REASK_S = 10.0  # a cold start still waiting asks again (the coordinator may have restarted)
 RETIRED_CHANNEL_MAX_S = 3600.0  # how long calls in flight may go on on a replica that left the routes
 WATCH_SILENCE_S = 20.0  # a routing watch that hears nothing this long is dead (coordinator keepalive: 5 s)
+# A call's own error can come a moment before its channel drops the broken connection: a call made
+# again on that replica in that moment goes out on the dead connection. It waits (this at most).
+LET_GO_WAIT_S = 0.5
 REFRESH_WAIT_S = 1.0  # a call whose replicas all failed waits this long for a newer snapshot to try
+MAX_MESSAGE_BYTES = 64 * 2**20  # a gRPC message either way, as the worker's server takes them
 # A replica that comes back on its address is reconnected within ~2 s, not after gRPC's default
 # backoff of up to 120 s (the breaker's probe waits for that connection).
-CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 20_000), ("grpc.max_receive_message_length", 64 * 2**20),
+CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 20_000), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
                    ("grpc.max_reconnect_backoff_ms", 2000)]
 
@@ -181,6 +186,11 @@ class RouteTable:
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
 
+    def asks_again_in(self, model: str) -> float:
+        """Seconds (whole, at least 1) before a cold start of `model` asks the coordinator again."""
+        asked_at = self._asked.get(model, -REASK_S)
+        return float(max(1, math.ceil(REASK_S - (asyncio.get_running_loop().time() - asked_at))))
+
     def refuse_start(self, model: str, reason: str) -> None:
         """The coordinator will start no replica of `model` (`reason`): its cold starts end now."""
         self.start_refused[model] = reason
@@ -213,6 +223,18 @@ class RouteTable:
         task = asyncio.get_running_loop().create_task(probe())
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
+
+    async def let_go(self, endpoint: Endpoint) -> None:
+        """Before a call is made again on `endpoint` after its connection broke: until its channel
+        no longer holds that connection (it leaves READY), at most LET_GO_WAIT_S."""
+        held = self._channels.get(endpoint.address)
+        if held is None or held[1] is not endpoint:
+            return
+        channel = held[0]
+        if channel.get_state() == grpc.ChannelConnectivity.READY:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LET_GO_WAIT_S):
+                    await channel.wait_for_state_change(grpc.ChannelConnectivity.READY)
 
     async def _close_when_idle(self, channel: grpc.aio.Channel, endpoint: Endpoint) -> None:
         """A replica that left the routes may still be serving (a cut-over's drain, a heartbeat

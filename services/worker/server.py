@@ -11,12 +11,13 @@ from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2_grpc
 from services.common.interceptors import platform_server
 from services.common.limits import replica_limits
+from services.common.routes import MAX_MESSAGE_BYTES
 from services.worker.host import SERVICE_NAME, LoadGate, ModelHost
 from services.worker.servicer import WorkerServicer
 
 SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),  # an explicit port must never be shared silently by two workers
-    ("grpc.max_receive_message_length", 64 * 2**20),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.http2.max_pings_without_data", 0),
     # A caller's delivery stream stays open while no token flows, and its channel pings every 20 s

@@ -13,6 +13,7 @@ from mship.coordinator.v1 import coordinator_pb2 as cpb
 from mship.worker.v1 import worker_pb2 as pb
 from services.common.infer import UpstreamError, open_infer
 from services.common.routes import REASK_S, RouteTable
+from services.gateway.edge.upstream import from_grpc
 
 
 def snapshot(version: int, replicas: int) -> cpb.RoutingSnapshot:
@@ -94,6 +95,10 @@ async def test_a_start_the_coordinator_refuses_ends_the_waits_at_once_and_says_w
     with pytest.raises(UpstreamError) as e:
         await open_infer(table, "idle", pb.InferRequest(model="idle"))
     assert "none will start: starting a replica failed: no node has the memory" in e.value.details.message
+    error = from_grpc(e.value.details, "idle")  # what the HTTP client reads: why, and when to try again
+    assert error.status == 503 and "none can start now: starting a replica failed: no node has the memory" \
+        in error.body()["error"]["message"]
+    assert 1 < int(error.headers["Retry-After"]) <= REASK_S  # when the coordinator is asked again, not 1 s
     table._asked["idle"] -= REASK_S  # later: asked again
     assert await asyncio.wait_for(table.cold_start("idle"), 5) == [] and asked == ["idle", "idle"]
     await table.close()

@@ -47,7 +47,8 @@ TABLE = [
     (details(C.NOT_FOUND), 404, "invalid_request_error", "model_not_found", "model", None),
     (details(C.NOT_FOUND, "NOT_FOUND", "no such response"), 404, "invalid_request_error", "not_found", None, None),
     (details(C.RESOURCE_EXHAUSTED, "OVERLOADED", retry=2.2), 503, "server_error", "overloaded", None, "3"),
-    (details(C.RESOURCE_EXHAUSTED), 503, "server_error", "overloaded", None, "1"),
+    # gRPC's own RESOURCE_EXHAUSTED (no reason): the request is past the message limit
+    (details(C.RESOURCE_EXHAUSTED), 413, "invalid_request_error", "request_too_large", "messages", None),
     (details(C.UNAVAILABLE, "ENGINE_DIED", retry=2.0), 503, "server_error", "service_unavailable", None, "2"),
     (details(C.UNAVAILABLE, "NOT_READY", retry=0.5), 503, "server_error", "model_not_ready", None, "1"),
     (details(C.UNAVAILABLE, retry=4), 503, "server_error", "service_unavailable", None, "4"),

@@ -344,3 +344,4 @@ async def test_a_replica_that_refuses_is_not_asked_again():
     finally:
         await table.close()
         await loading.server.stop(0)
+

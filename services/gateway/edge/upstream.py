@@ -9,6 +9,8 @@ import re
 import grpc
 
 from services.common.errors import ErrorDetails
+from services.common.infer import START_REFUSED
+from services.common.routes import MAX_MESSAGE_BYTES
 from services.gateway.protocol_common.openai_error import (
     INTERNAL_MESSAGE,
     SERVER_ERROR,
@@ -44,12 +46,18 @@ def from_grpc(details: ErrorDetails, model: str | None, *, input_param: str = "m
         return model_not_found(model or details.metadata.get("model"))
     if reason == "CONTEXT_TOO_LONG":
         return OpenAIError(400, message, param=input_param, code="context_length_exceeded")
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED or reason == "OVERLOADED":
+    if reason == "OVERLOADED":
         return overloaded(details.retry_after_s)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # gRPC's own: the request is past the message limit
+        return OpenAIError(413, "The request is too large to send to the model's replicas (at most "
+                           f"{MAX_MESSAGE_BYTES // 2**20} MiB).", param=input_param, code="request_too_large")
     if code == grpc.StatusCode.UNAVAILABLE or details.dropped:  # dropped: not the client's doing, no 499
         if reason == "NOT_READY":
-            return OpenAIError(503, f"The model '{model or ''}' is loading, please retry shortly.", type=SERVER_ERROR,
-                               code="model_not_ready", headers=retry_after_header(details.retry_after_s))
+            refused = details.metadata.get(START_REFUSED)
+            text = (f"The model '{model or ''}' has no replica, and none can start now: {refused}" if refused
+                    else f"The model '{model or ''}' is loading, please retry shortly.")
+            return OpenAIError(503, text, type=SERVER_ERROR, code="model_not_ready",
+                               headers=retry_after_header(details.retry_after_s))
         log.warning("no replica of %s answered: %s %s: %s", model, code.name, reason, message)
         return unavailable(details.retry_after_s)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
