@@ -118,21 +118,21 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         parsers: dict[int, ChoiceParser] = {}
         finishes: dict[int, worker_pb2.ChoiceFinish] = {}
         usage = common_pb2.Usage(prompt_tokens=len(prompt.token_ids))
-        try:
-            with self.host.watch.working():  # a hung engine is noticed by the host's health check
-                async for step in engine.generate(prompt, sampling, request_id, request.priority):
-                    usage.prompt_tokens, usage.cached_tokens = step.prompt_tokens, step.cached_tokens
-                    for choice in step.choices:
-                        parser = parsers.get(choice.index)
-                        if parser is None:
-                            parser = parsers[choice.index] = new_parser()
-                        event = self._delta(choice, parser, usage)
-                        if event is not None:
-                            yield event
-                        if choice.finish_reason is not None:
-                            finishes[choice.index] = self._finish(choice, parser, request_id)
-                    if step.finished:
-                        break
+        watch, steps = self.host.watch, engine.generate(prompt, sampling, request_id, request.priority)
+        try:  # (the watch: a hung engine is noticed by the host's health check)
+            while (step := await watch.next_step(steps)) is not None:
+                usage.prompt_tokens, usage.cached_tokens = step.prompt_tokens, step.cached_tokens
+                for choice in step.choices:
+                    parser = parsers.get(choice.index)
+                    if parser is None:
+                        parser = parsers[choice.index] = new_parser()
+                    event = self._delta(choice, parser, usage)
+                    if event is not None:
+                        yield event
+                    if choice.finish_reason is not None:
+                        finishes[choice.index] = self._finish(choice, parser, request_id)
+                if step.finished:
+                    break
         except ServiceError:
             raise
         except Exception as e:

@@ -5,15 +5,18 @@ kernel, a stopped process) stays alive, and without this its replica would stay 
 while every request sent to it waits forever. Progress is what the engine shows: each step it
 reports (vLLM's per-step statistics), each request that ends, and, when those have been quiet for
 the limit, an answer to a probe only its working loop gives (llama-server's /metrics, answered
-between two batches, so one long prompt is not mistaken for a hang). Nothing is done per token.
+between two batches, so one long prompt is not mistaken for a hang). A request counts only while it
+waits for the engine, not while its own reader is slow.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TypeVar
 
+T = TypeVar("T")
 DEFAULT_STALL_TIMEOUT_S = 300.0  # vLLM's own bound on one model step (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS)
 
 
@@ -21,20 +24,37 @@ class StallWatch:
     def __init__(self, limit_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.limit_s = limit_s  # 0: never
         self._clock = clock
-        self._busy = 0  # requests in the engine
+        self._busy = 0  # requests waiting for the engine
         self._since = 0.0  # the last progress seen, or when the engine last became busy
 
-    @contextlib.contextmanager
-    def working(self) -> Iterator[None]:
-        """Around one request's time in the engine (not its wait for a place in it)."""
+    def waiting(self) -> None:
+        """A request waits for the engine (its next step, its vectors); `answered` when that came
+        (or failed). Not while the request's own reader is slow: that is no stall of the engine's."""
         if not self._busy:
             self._since = self._clock()  # idle time is not a stall
         self._busy += 1
+
+    def answered(self) -> None:
+        self._busy -= 1
+        self._since = self._clock()  # the engine answered someone: progress
+
+    async def next_step(self, steps: AsyncIterator[T]) -> T | None:
+        """The engine's next step of a request (None after its last), waited for as `waiting` says
+        (per step: ~0.35 µs more than `async for`)."""
+        self.waiting()
+        try:
+            return await anext(steps, None)
+        finally:
+            self.answered()
+
+    @contextlib.contextmanager
+    def working(self) -> Iterator[None]:
+        """Around one wait for the engine (`waiting` ... `answered`)."""
+        self.waiting()
         try:
             yield
         finally:
-            self._busy -= 1
-            self._since = self._clock()  # a request that ends is progress
+            self.answered()
 
     def progressed(self, at: float | None = None) -> None:
         self._since = max(self._since, self._clock() if at is None else at)

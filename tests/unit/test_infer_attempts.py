@@ -22,21 +22,26 @@ from tests.unit.test_infer import MODEL, request, routing
 
 
 class RefusingWorker(worker_pb2_grpc.WorkerServicer):
-    """Refuses every Infer as busy (tried elsewhere), after `on_call`; an older worker (no Deliver)."""
+    """An older worker (no Deliver) that refuses every Infer with `refusal`, `after_s` into the
+    call (after `on_call`), before any token: both refusals here are tried elsewhere."""
 
-    def __init__(self) -> None:
+    def __init__(self, refusal: ServiceError, after_s: float) -> None:
+        self.refusal, self.after_s = refusal, after_s
         self.on_call = lambda: None
 
     async def Infer(self, request, context):
         self.on_call()
-        await asyncio.sleep(0.05)
-        busy = ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.OVERLOADED, "busy", retry_after_s=1)
-        await context.abort_with_status(busy.to_status())
+        await asyncio.sleep(self.after_s)
+        await context.abort_with_status(self.refusal.to_status())
         yield pb.InferEvent()
 
     async def Deliver(self, request, context):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "an older worker")
         yield pb.DeliveryBatch()
+
+
+BUSY = ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.OVERLOADED, "busy", retry_after_s=1)
+DIED = ServiceError(grpc.StatusCode.UNAVAILABLE, Reason.ENGINE_DIED, "engine stopped", retry_after_s=2)
 
 
 async def test_a_replica_that_left_the_routes_while_another_was_tried_is_not_tried():
@@ -56,7 +61,7 @@ async def test_a_replica_that_left_the_routes_while_another_was_tried_is_not_tri
             replica.endpoint.host, replica.endpoint.port = "127.0.0.1", port
         return snap
 
-    refusing = RefusingWorker()
+    refusing = RefusingWorker(BUSY, after_s=0.05)
     worker_pb2_grpc.add_WorkerServicer_to_server(refusing, server)
     a = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -118,30 +123,13 @@ async def test_a_request_past_the_workers_message_limit_is_tried_once_and_is_a_4
             await server.stop(0)
 
 
-class DiesAfter(worker_pb2_grpc.WorkerServicer):
-    """Its engine dies `after_s` into each call, before any token (retried elsewhere)."""
-
-    def __init__(self, after_s: float) -> None:
-        self.after_s = after_s
-
-    async def Infer(self, request, context):
-        await asyncio.sleep(self.after_s)
-        died = ServiceError(grpc.StatusCode.UNAVAILABLE, Reason.ENGINE_DIED, "engine stopped", retry_after_s=2)
-        await context.abort_with_status(died.to_status())
-        yield pb.InferEvent()
-
-    async def Deliver(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "an older worker")
-        yield pb.DeliveryBatch()
-
-
 async def test_a_calls_timeout_is_its_deadline_across_retries_and_a_cold_start():
     """`timeout_s` bounds the whole call: an attempt after a failed one gets what is left (here the
     second would fail at 0.8 s, past the 0.6 s deadline), and a cold start's wait ends with it."""
     servers, ports = [], []
     for _ in range(2):
         server = grpc.aio.server()
-        worker_pb2_grpc.add_WorkerServicer_to_server(DiesAfter(0.4), server)
+        worker_pb2_grpc.add_WorkerServicer_to_server(RefusingWorker(DIED, after_s=0.4), server)
         ports.append(server.add_insecure_port("127.0.0.1:0"))
         await server.start()
         servers.append(server)

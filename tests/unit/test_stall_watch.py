@@ -15,8 +15,9 @@ from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 from services.common.errors import ErrorDetails
 from services.worker import host as host_module
-from services.worker.engine import EngineStats
+from services.worker.engine import EngineStats, Prompt
 from services.worker.host import ModelHost
+from services.worker.sampling import sampling_from_request
 from services.worker.stall_watch import DEFAULT_STALL_TIMEOUT_S, StallWatch
 from tests.engine_double import ScriptedEngine, serve_worker
 from tests.helpers import until
@@ -190,3 +191,24 @@ async def test_the_spec_sets_the_limit_and_unset_is_the_default(monkeypatch: pyt
         await host.wait_ready()
         assert host.watch.limit_s == limit
         await host.shutdown()
+
+
+async def test_a_request_whose_reader_lags_is_no_stall_of_the_engine():
+    """The engine answered; the request's reader stops reading (a client that paused, a full gRPC
+    flow window): the engine owes nothing, however long that lasts, and is not killed."""
+    engine = HungEngine()
+    engine.script = ["a", "b", "c"]
+    engine.first_hold.set()
+    worker = await serve_worker(engine)
+    try:
+        host, clock = worker.servicer.host, Clock()
+        host.watch = StallWatch(LIMIT_S, clock=clock)
+        request = chat("hi", model="m")
+        events = worker.servicer._stream(engine, Prompt(token_ids=[1], engine_input=None),
+                                         sampling_from_request(request), request, "r1", parse_tools=False)
+        assert (await anext(events)).delta.text == "a"  # and nobody reads the rest
+        clock.now += 10 * LIMIT_S
+        assert await host.check() and engine.probes == engine.kills == 0
+        await events.aclose()
+    finally:
+        await worker.server.stop(0)
