@@ -88,6 +88,10 @@ class Attempts:
         answered: UpstreamError unless another endpoint may be tried (an unreachable one counts a
         failure on its breaker; a busy one stays in rotation)."""
         self.last = details = ErrorDetails.from_rpc_error(e)
+        if details.reason == "MODEL_NOT_FOUND":  # a stale route: another replica has its address now
+            self.gone = True
+            log.info("%s no longer serves %s; trying again", endpoint.address, self.model)
+            return
         if (e.code() not in RETRY_ELSEWHERE and not details.dropped) or (
                 e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and details.reason != "OVERLOADED"):
             raise UpstreamError(details) from e  # (gRPC's own: past the message limit, everywhere)

@@ -149,3 +149,20 @@ async def test_a_calls_timeout_is_its_deadline_across_retries_and_a_cold_start()
         await idle.close()
         for server in servers:
             await server.stop(0)
+
+
+async def test_a_replica_address_that_now_serves_another_model_is_passed_over():
+    """A replica gone and its port taken by another model's replica before the routes said so (the
+    heartbeat window): its MODEL_NOT_FOUND is a stale route, not the client's error."""
+    other = await serve_worker(ScriptedEngine(["x"]), name="another-model")
+    right = await serve_worker(ScriptedEngine(["ok"]), name=MODEL)
+    table = routing(other.port, right.port)
+    try:
+        table.routes[MODEL].endpoints[1].outstanding = 5  # the stale address is tried first
+        stream = await open_infer(table, MODEL, request("r"))
+        assert stream.endpoint.address.endswith(f":{right.port}")
+        stream.close()
+    finally:
+        await table.close()
+        for worker in (other, right):
+            await worker.server.stop(0)
