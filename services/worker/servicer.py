@@ -76,7 +76,8 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
         if forced is not None:
             sampling = forced.constrain(sampling)
         try:
-            prompt = await engine.render(render)  # llama.cpp renders and tokenizes on its server
+            with self.host.watch.working():  # llama.cpp renders and tokenizes on its server
+                prompt = await engine.render(render)
         except ServiceError:
             raise
         except Exception as e:

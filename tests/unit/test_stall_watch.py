@@ -45,6 +45,14 @@ class HungEngine(ScriptedEngine):
         self.kills = self.probes = 0
         self.steps_at = 0.0
         self.dead = False
+        self.render_hangs = False
+
+    async def render(self, req):
+        if not self.render_hangs:
+            return await super().render(req)
+        self.renders.append(req)
+        await self.first_hold.wait()  # llama.cpp renders on its server: a hung one never answers
+        raise RuntimeError("the engine's connection closed")
 
     def kill(self) -> None:
         self.kills += 1
@@ -212,3 +220,18 @@ async def test_a_request_whose_reader_lags_is_no_stall_of_the_engine():
         await events.aclose()
     finally:
         await worker.server.stop(0)
+
+
+async def test_an_engine_that_hangs_while_it_renders_a_prompt_is_killed_too(hung):
+    """llama.cpp renders and tokenizes on its server: a request can wait for a hung engine before
+    it generates anything, and counts as waiting for it."""
+    engine = HungEngine()
+    engine.render_hangs = True
+    stub, host, clock = await hung(engine)
+    call = asyncio.ensure_future(collect(stub, chat("hi", model="m")))
+    await until(lambda: engine.renders, "the request reached the engine's render")
+    clock.now += LIMIT_S + 1
+    assert not await host.check() and engine.kills == 1
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await asyncio.wait_for(call, 5)
+    assert reason(info.value) == (grpc.StatusCode.UNAVAILABLE, "ENGINE_DIED")
