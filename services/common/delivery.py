@@ -29,7 +29,7 @@ REOPEN_AFTER_S = 1.0  # a stream that broke is opened again (by a call) no soone
 ASK_AGAIN_S = 60.0  # a worker without Deliver is asked again after this (it may be upgraded in place)
 _CALL_ENDED = object()
 _CANCELLED = object()
-CALL_END_WAIT_S = 1.0  # a call whose delivery stream broke waits this long for its own end (`_cause`)
+CALL_END_WAIT_S = 1.0  # a call whose delivery stream broke waits this long for its own end (`_settle`)
 DELIVERED = "delivered"  # ErrorInfo metadata: the deltas a failed call sent on the delivery stream first
 # A call whose reader leaves this many items unread (its client stopped reading) gets later deltas
 # merged into its last one: what it holds grows with the text, not by a message per token (the
@@ -209,17 +209,14 @@ class DeliveredCall:
                     await self._settle()  # deltas may have been lost with it, unless its Final says otherwise
                     if not (self._holds_final() and self._deltas >= self._count):
                         raise self._failed(self._held if isinstance(self._held, BaseException) else item.error())
-            elif isinstance(item, BaseException):
-                if not self._holds_final():  # an error after the Final (a deadline before the trailers): whole
-                    self._held, self._count = item, delivered_before(item)
             elif isinstance(item, Merged):
                 self._deltas += item.count
                 return item.event
-            elif not item.HasField("final"):
+            elif isinstance(item, BaseException) or item.HasField("final"):
+                self._hold(item)
+            else:
                 self._deltas += 1
                 return item
-            else:
-                self._held, self._count = item, item.final.delivered
             ended = self._stream_ended
             if ended is not None and self._held is not None and self._deltas < self._count:
                 await self._settle()  # deltas it counts will not come any more
@@ -227,6 +224,15 @@ class DeliveredCall:
 
     def _holds_final(self) -> bool:
         return isinstance(self._held, pb.InferEvent)
+
+    def _hold(self, end: Any) -> None:
+        """The call's Final or error, until every delta it counts was read. An error after the
+        Final (a deadline before the trailers) leaves the answer whole."""
+        if isinstance(end, BaseException):
+            if not self._holds_final():
+                self._held, self._count = end, delivered_before(end)
+        else:
+            self._held, self._count = end, end.final.delivered
 
     async def _settle(self) -> None:
         """The delivery stream ended while this call ran: take what the call itself sent since (its
@@ -241,11 +247,8 @@ class DeliveredCall:
             item = self._queue.get_nowait()
             if item is _CALL_ENDED:
                 self._call_ended = True
-            elif isinstance(item, BaseException):
-                if not self._holds_final():
-                    self._held, self._count = item, delivered_before(item)
-            elif isinstance(item, pb.InferEvent) and item.HasField("final"):
-                self._held, self._count = item, item.final.delivered
+            elif isinstance(item, BaseException) or (isinstance(item, pb.InferEvent) and item.HasField("final")):
+                self._hold(item)
 
     def _failed(self, error: BaseException) -> BaseException:
         self._reader.detach(self._tag)

@@ -12,7 +12,6 @@ import pytest
 
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2 as pb
-from mship.worker.v1 import worker_pb2_grpc
 from services.common.errors import ErrorDetails
 from services.worker import host as host_module
 from services.worker.engine import EngineStats, Prompt
@@ -73,24 +72,14 @@ class HungEngine(ScriptedEngine):
 
 
 @pytest.fixture
-async def hung():
-    """Serve `engine` with a stall watch on the test's clock; yield (stub, host, clock, engine)."""
+def hung(served):
+    """Serve `engine` with a stall watch on the test's clock: (stub, host, clock)."""
     async def start(engine: HungEngine):
-        worker = await serve_worker(engine)
-        servers.append(worker.server)
-        host, clock = worker.servicer.host, Clock()
+        stub = await served(engine)
+        host, clock = served.workers[-1].servicer.host, Clock()
         host.watch = StallWatch(LIMIT_S, clock=clock)
-        channel = grpc.aio.insecure_channel(worker.address)
-        channels.append(channel)
-        return worker_pb2_grpc.WorkerStub(channel), host, clock
-
-    servers: list[grpc.aio.Server] = []
-    channels: list[grpc.aio.Channel] = []
-    yield start
-    for channel in channels:
-        await channel.close()
-    for server in servers:
-        await server.stop(0)
+        return stub, host, clock
+    return start
 
 
 async def in_engine(stub, engine: HungEngine, request_id: str = "r1") -> asyncio.Future:

@@ -13,7 +13,7 @@ from mship.worker.v1 import worker_pb2 as pb
 from mship.worker.v1 import worker_pb2_grpc
 from services.common.errors import Reason, ServiceError, invalid_parameter
 from services.worker.server import worker_server
-from tests.engine_double import ScriptedEngine, serve_worker
+from tests.engine_double import ScriptedEngine
 from tests.grpc_serving import failure_of, serving, stream_failure_of
 from tests.rpc_errors import ERROR_KINDS, assert_carries
 from tests.worker_calls import chat, collect
@@ -53,22 +53,6 @@ async def test_every_error_kind_reaches_the_client_whole(kind: str):
 
 
 # ---- the real servicer's refusals, with the engine double ----------------------------------------
-
-@pytest.fixture
-async def served():
-    workers = []
-
-    async def start(engine: ScriptedEngine, **kw) -> worker_pb2_grpc.WorkerStub:
-        worker = await serve_worker(engine, **kw)
-        channel = grpc.aio.insecure_channel(worker.address)
-        workers.append((worker, channel))
-        return worker_pb2_grpc.WorkerStub(channel)
-
-    yield start
-    for worker, channel in workers:
-        await channel.close()
-        await worker.server.stop(0)
-
 
 async def refusal(stub: worker_pb2_grpc.WorkerStub, request: pb.InferRequest) -> grpc.aio.AioRpcError:
     return await failure_of(collect(stub, request))

@@ -19,24 +19,6 @@ from tests.worker_calls import chat, collect, read_rest
 TOOL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
-@pytest.fixture
-async def served():
-    async def start(engine: ScriptedEngine, *, ready: bool = True, max_ongoing: int = 8):
-        worker = await serve_worker(engine, ready=ready, max_ongoing=max_ongoing)
-        servers.append(worker.server)
-        channel = grpc.aio.insecure_channel(worker.address)
-        channels.append(channel)
-        return worker_pb2_grpc.WorkerStub(channel)
-
-    servers: list[grpc.aio.Server] = []
-    channels: list[grpc.aio.Channel] = []
-    yield start
-    for channel in channels:
-        await channel.close()
-    for server in servers:
-        await server.stop(0)
-
-
 async def test_tool_call_split_across_steps(served):
     stub = await served(ScriptedEngine([TOOL[i:i + 5] for i in range(0, len(TOOL), 5)]))
     r = await collect(stub, chat("weather?", model="m", tools=[{"type": "function", "function": {
