@@ -23,6 +23,7 @@ from services.cluster import ports
 from services.cluster.pidfile import PidRecord, pidfile, read_pidfile, write_pidfile
 from services.common.channels import sync_channel
 from services.common.vocabulary import ENV_CACHE_DIR, ENV_NODE_CAPABILITIES
+from tests.platform_process import free_port
 from tests.unit.test_shutdown import POLITE, child
 
 pytestmark = pytest.mark.timeout(60)
@@ -65,9 +66,16 @@ def fake_platform(tmp_path, monkeypatch) -> Iterator[type[FakePlatform]]:
             signal.signal(sig, handler)
 
 
+PORT_FLAGS = ("--http-port", "--coordinator-port", "--state-port", "--gcs-port")
+
+
 def start(*argv: str) -> int:
+    """`mship start` on free ports, each picked outside the kernel's ephemeral range unless `argv` names
+    it: the defaults (50051, 50052) lie inside it, where any process connecting out meanwhile (the
+    integration tier's platforms still run) may hold one."""
+    picked = [arg for flag in PORT_FLAGS if flag not in argv for arg in (flag, str(free_port()))]
     with pytest.raises(SystemExit) as done:
-        cli.main(["start", "--no-metrics", *argv])
+        cli.main(["start", "--no-metrics", *picked, *argv])
     return int(done.value.code)
 
 
@@ -103,7 +111,6 @@ def coordinator(monkeypatch) -> Iterator[Callable[..., Coordinator]]:
                                                         coordinator_pb2_grpc.CoordinatorStub(ch)))
         return servicer
 
-    monkeypatch.setattr(ports, "check_free", lambda _ports: None)  # the default ports may be in use here
     try:
         yield serve
     finally:
@@ -175,9 +182,9 @@ def test_a_start_on_taken_ports_leaves_the_running_platforms_pidfile(fake_platfo
     running = child(POLITE)  # stands in for the running `mship start` that wrote the pidfile
     try:
         with socket.socket() as taken:
-            taken.bind(("127.0.0.1", 0))
+            port = free_port()  # outside the ephemeral range: nobody else takes it once this socket closes
+            taken.bind(("127.0.0.1", port))
             taken.listen()
-            port = taken.getsockname()[1]
             path = pidfile(f"127.0.0.1:{port}")
             record = live_start_record(psutil.Process(running.pid))
             write_pidfile(path, record)
@@ -195,7 +202,8 @@ def test_a_start_on_taken_ports_leaves_the_running_platforms_pidfile(fake_platfo
 
 
 def test_a_start_removes_only_its_own_pidfile(fake_platform):
-    path = pidfile("127.0.0.1:50051")
+    port = free_port()
+    path = pidfile(f"127.0.0.1:{port}")
     other = PidRecord(os.getpid() + 1, 60.0, 1.0)  # a later start's, written over ours meanwhile
 
     def replaced_then_stopped() -> None:
@@ -203,6 +211,6 @@ def test_a_start_removes_only_its_own_pidfile(fake_platform):
         os.kill(os.getpid(), signal.SIGTERM)  # stops this start while it starts
 
     fake_platform.on_start = staticmethod(replaced_then_stopped)
-    assert start() == 0 and fake_platform.stopped.is_set()
+    assert start("--coordinator-port", str(port)) == 0 and fake_platform.stopped.is_set()
     assert read_pidfile(path) == other
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
