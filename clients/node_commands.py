@@ -18,7 +18,7 @@ import time
 
 from clients.modelset import ConfigError
 from services.cluster.pidfile import claim_pidfile, pidfile, release_pidfile
-from services.cluster.shutdown import StopDeadline, StopRequested, StopSignals
+from services.cluster.shutdown import SIGNAL_CHECK_S, StopDeadline, StopRequested, StopSignals
 from services.cluster.telemetry import DEFAULT_METRICS_PORT
 from services.common.vocabulary import ENV_RAY_AUTH_TOKEN, ENV_STATE_STORE
 
@@ -149,7 +149,7 @@ def _run_platform(platform, cfg, args: argparse.Namespace, signals: StopSignals,
         print(f"mship: the initial deploy failed ({failed}); the platform keeps running", file=sys.stderr)
     print(f"OpenAI API at http://{cfg.host}:{cfg.http_port}/v1  (Ctrl-C or `mship stop` to stop)", flush=True)
     print(f"API access: {edge_access()}", flush=True)
-    signals.stop.wait()
+    signals.wait()
     return EXIT_OK
 
 
@@ -291,7 +291,7 @@ def _joined(args: argparse.Namespace, cfg, telemetry, signals: StopSignals, stop
     print(f"mship: joined {args.gcs_address} as node {cfg.node_name} ({node_ip or 'Ray-chosen address'}), "
           f"capabilities {caps or 'none'}, {gateway}, {metrics}; Ctrl-C or SIGTERM leaves (drain up to "
           f"{args.drain_timeout:.0f}s, all of it up to {stop_timeout:g}s)", flush=True)
-    while not signals.stop.wait(0.5):
+    while not signals.stop.wait(SIGNAL_CHECK_S):
         if not node.running():
             print(f"mship: the Ray node exited ({node.proc.returncode}); the head may be gone", file=sys.stderr)
             node.stop(grace_s=5)

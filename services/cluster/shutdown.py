@@ -19,6 +19,10 @@ from typing import Any
 import psutil
 
 POLL_S = 0.05
+# How soon the main thread sees a signal that came just as it went to sleep: CPython runs a handler
+# between bytecodes, so one that arrives after the last check and before the lock wait starts wakes
+# nothing until the wait times out (a bare Event.wait() would sleep through it for good).
+SIGNAL_CHECK_S = 0.5
 KILL_WAIT_S = 2.0  # SIGKILL is not refused: this only bounds waiting for the kernel to reap
 
 
@@ -51,6 +55,11 @@ class StopSignals:
         self.stop.set()
         if self._interrupting:
             raise StopRequested
+
+    def wait(self) -> None:
+        """Until the first signal (on the main thread)."""
+        while not self.stop.wait(SIGNAL_CHECK_S):
+            pass
 
     @contextlib.contextmanager
     def interrupting(self) -> Iterator[None]:
