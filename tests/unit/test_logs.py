@@ -22,6 +22,7 @@ from services.common.logs import (
     parse_log_target,
     request_id,
 )
+from tests.platform_process import free_port
 from tests.unit.gateway_harness import CHAT, Gateway
 
 pytest_plugins = ("tests.unit.gateway_fixtures",)
@@ -178,10 +179,7 @@ def test_a_collector_that_stops_reading_never_blocks_the_logging_thread():
 
 
 def test_a_collector_down_at_start_or_restarted_gets_the_lines_once_it_is_back():
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()  # nothing listens on `port` yet
+    port = free_port()  # nothing listens on it yet, and nothing connecting out takes it meanwhile
     handler = LineSysLogHandler("127.0.0.1", port, socket.SOCK_STREAM)
     handler.setFormatter(logging.Formatter("%(message)s"))
     handler.retry_s = 0.0  # type: ignore[attr-defined]

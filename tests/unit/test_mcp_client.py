@@ -28,6 +28,7 @@ from services.gateway.mcp.client import (
 from services.gateway.mcp.egress import EgressPolicy, EgressRefused
 from services.gateway.mcp.tools import McpServerSpec, parse_mcp_tool
 from tests.mcp_server import HEADER_TOOL_NAME, McpTestServer
+from tests.platform_process import free_port
 
 SECRET = "s3cr3t-header-value"
 LOCAL = EgressPolicy.parse("127.0.0.1,localhost")
@@ -46,12 +47,6 @@ def spec_for(url: str, **kw: Any) -> McpServerSpec:
 
 def client(url: str, timeout_s: float = 10, **kw: Any) -> McpClient:
     return McpClient(spec_for(url, **kw), timeout_s=timeout_s, policy=LOCAL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_list_tools(server: McpTestServer) -> None:
