@@ -6,6 +6,7 @@ once and a client never imports a service's internals to learn it.
 
 from __future__ import annotations
 
+import os
 import re
 
 from mship.common.v1 import common_pb2
@@ -45,7 +46,29 @@ def loader_name(loader: int) -> str:
 # the platform stopping) lets its in-flight streams run on: Serve picks it by node, not by what runs
 # on it, and a rescale must not cut long generations. A node's drain and `mship stop`'s
 # --stop-timeout bound it further; a stop with nothing in flight does not wait.
-STREAM_DRAIN_S = 300.0
+ENV_STREAM_DRAIN_S = "MSHIP_STREAM_DRAIN_S"
+DEFAULT_STREAM_DRAIN_S = 300.0
+
+
+def stream_drain_s() -> float:
+    """The platform's stream drain: $MSHIP_STREAM_DRAIN_S (`mship start` checks it and hands it to
+    every replica), else DEFAULT_STREAM_DRAIN_S."""
+    return seconds_from_env(ENV_STREAM_DRAIN_S, DEFAULT_STREAM_DRAIN_S,
+                            "a stopping replica's time for its streams, e.g. 1800; 0: cut them at once")
+
+
+def seconds_from_env(name: str, default: float, hint: str) -> float:
+    """A duration setting from the environment: unset or empty is `default`; else seconds >= 0."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"{name}={value!r}: give seconds ({hint})")
+    return seconds
 DEFAULT_REPLICA_CPUS = 0.5  # what a model replica asks Ray for when its spec names no num_cpus
 # A model's name (its OpenAI `model` id), as models.yaml and the coordinator accept it.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
@@ -68,6 +91,11 @@ ENV_COORDINATOR = "MSHIP_COORDINATOR"            # the CLI's default --coordinat
 ENV_STATE_STORE = "MSHIP_STATE_STORE"            # memory:// or redis://...
 ENV_REDIS_PASSWORD = "MSHIP_REDIS_PASSWORD"      # for a redis:// store URL without one
 ENV_STATE_RETENTION_S = "MSHIP_STATE_RETENTION_S"  # stored responses: kept this long after their last write
+DEFAULT_STATE_RETENTION_S = 30 * 24 * 3600.0  # services/state/store.py says why
+
+
+def state_retention_s() -> float:
+    return seconds_from_env(ENV_STATE_RETENTION_S, DEFAULT_STATE_RETENTION_S, "0: keep stored responses until deleted")
 ENV_CACHE_DIR = "MSHIP_CACHE_DIR"                # built models (default ~/.cache/mship)
 ENV_TRUST_IDENTITY_HEADER = "MSHIP_TRUST_IDENTITY_HEADER"  # "1": honour x-mship-identity (older spelling)
 ENV_TRUSTED_IDENTITY_HEADER = "MSHIP_TRUSTED_IDENTITY_HEADER"  # e.g. x-user: a proxy in front authenticates
@@ -108,4 +136,4 @@ PLATFORM_ENV = (ENV_CACHE_DIR, ENV_REDIS_PASSWORD, ENV_TRUST_IDENTITY_HEADER, EN
                 ENV_MAX_REQUEST_BODY_BYTES, ENV_CORS_ORIGINS, ENV_AUDIT_LOG, ENV_AUDIT_CONTENT,
                 ENV_BREAKER_FAILURES, ENV_BREAKER_COOLDOWN_S, ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S,
                 ENV_MAX_AUDIO_BYTES, ENV_MAX_AUDIO_SECONDS, ENV_REPLICA_PICKER, ENV_ENGINE_SPIN_S,
-                ENV_STATE_RETENTION_S)
+                ENV_STATE_RETENTION_S, ENV_STREAM_DRAIN_S)

@@ -15,7 +15,7 @@ from services.common.picker import PREFIX_AFFINITY, make_picker
 from services.common.routes import RouteTable, RoutingWatcher
 from services.common.sighup import ignore_sighup
 from services.common.tracing import configure_tracing
-from services.common.vocabulary import ENV_REPLICA_PICKER, STREAM_DRAIN_S
+from services.common.vocabulary import ENV_REPLICA_PICKER, stream_drain_s
 from services.gateway.app import GatewaySettings, create_app
 from services.gateway.edge.http_server import ReusePortServer
 from services.gateway.responses.compaction import CompactionCodec
@@ -26,6 +26,7 @@ from services.state.client import StateClient
 log = logging.getLogger(__name__)
 ROUTES_TIMEOUT_S = 60.0
 LISTENERS_DRAIN_S = 2.0  # listeners closed; connections the kernel queued are still served
+STREAM_DRAIN_S = stream_drain_s()  # its streams' time once the listeners closed
 # Serve kills a replica this long after it asked it to stop: the drain, the streams' time
 # (STREAM_DRAIN_S), then the routing watch and state channel closing.
 GRACEFUL_SHUTDOWN_S = LISTENERS_DRAIN_S + STREAM_DRAIN_S + 10.0

@@ -8,29 +8,15 @@ Backends are imported only when chosen: a memory:// deployment never imports the
 
 from __future__ import annotations
 
-import os
 from typing import Any
 from urllib.parse import urlparse
 
-from services.common.vocabulary import ENV_STATE_RETENTION_S
-from services.state.store import DEFAULT_RETENTION_S, Store
-
-
-def retention_from_env() -> float:
-    value = os.environ.get(ENV_STATE_RETENTION_S, "").strip()
-    if not value:
-        return DEFAULT_RETENTION_S
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise ValueError(f"{ENV_STATE_RETENTION_S}={value!r}: give seconds (0: keep stored responses until deleted)")
-    return seconds
+from services.common.vocabulary import state_retention_s
+from services.state.store import Store
 
 
 def open_store(url: str, **kwargs: Any) -> Store:
-    kwargs.setdefault("retention_s", retention_from_env())
+    kwargs.setdefault("retention_s", state_retention_s())
     parsed = urlparse(url)
     if parsed.scheme == "memory":
         from services.state.memory_store import MemoryStore

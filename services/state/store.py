@@ -23,13 +23,14 @@ import grpc
 
 from mship.state.v1 import state_pb2 as pb
 from services.common.errors import Reason, ServiceError
+from services.common.vocabulary import DEFAULT_STATE_RETENTION_S
 from services.state import runs
 
 log = logging.getLogger(__name__)
 EVENT_BATCH = 256  # events per backend read while replaying
 # How long a stored response (its snapshot, run and event log) is kept after its last write, as
 # OpenAI keeps responses: 30 days. 0 keeps them until deleted. Operators set it: MSHIP_STATE_RETENTION_S.
-DEFAULT_RETENTION_S = 30 * 24 * 3600.0
+DEFAULT_RETENTION_S = DEFAULT_STATE_RETENTION_S
 
 
 class StoreUnavailable(ServiceError):

@@ -20,7 +20,7 @@ from mship.coordinator.v1 import coordinator_pb2 as cpb
 from services.common.autoscaling import autoscaling_config
 from services.common.logs import configure_logging
 from services.common.tracing import configure_tracing
-from services.common.vocabulary import DEFAULT_REPLICA_CPUS, STREAM_DRAIN_S, capability_resource, loader_name
+from services.common.vocabulary import DEFAULT_REPLICA_CPUS, capability_resource, loader_name, stream_drain_s
 from services.worker import metrics
 from services.worker.engine_metrics import sample_forever
 from services.worker.llama_server import STOP_GRACE_S
@@ -30,12 +30,13 @@ from services.worker.server import WorkerServer, start_worker_server
 log = logging.getLogger(__name__)
 # How long a stopping replica lets its in-flight calls finish: STREAM_DRAIN_S while its version
 # serves; a version a deploy retired had the deploy's own drain first (drain_timeout_s).
+STREAM_DRAIN_S = stream_drain_s()
 RETIRED_DRAIN_S = 20.0
 # Serve kills a replica this long after it asked it to stop. Stopping is: leave routing (one call
 # to the coordinator), drain the in-flight calls, stop the engine (a llama-server gets SIGTERM,
 # then SIGKILL). All of it must fit, or the kill lands mid-stop: the engine's process is left
 # behind, its memory held.
-GRACEFUL_SHUTDOWN_S = LEAVE_TIMEOUT_S + STREAM_DRAIN_S + STOP_GRACE_S + 3.0
+GRACEFUL_SHUTDOWN_S = LEAVE_TIMEOUT_S + max(STREAM_DRAIN_S, RETIRED_DRAIN_S) + STOP_GRACE_S + 3.0
 
 
 @serve.deployment(

@@ -13,7 +13,7 @@ from clients import node_commands
 from clients.cli import main
 from clients.env_file import parse_env_file
 from clients.modelset import ConfigError
-from clients.node_commands import parse_memory
+from clients.node_flags import parse_memory
 from services import launcher
 from services.cluster import capabilities
 from services.cluster.ports import PortTaken, check_free

@@ -131,8 +131,7 @@ async def test_a_stopping_gateway_lets_a_stream_run_to_its_end_within_its_gracef
 
 
 def test_a_gateway_replica_lets_serve_wait_for_its_streams():
-    from services.common.vocabulary import STREAM_DRAIN_S
     from services.gateway import deployment
 
     config = deployment.GatewayDeployment._deployment_config
-    assert config.graceful_shutdown_timeout_s > deployment.LISTENERS_DRAIN_S + STREAM_DRAIN_S
+    assert config.graceful_shutdown_timeout_s > deployment.LISTENERS_DRAIN_S + deployment.STREAM_DRAIN_S

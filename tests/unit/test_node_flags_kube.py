@@ -13,7 +13,7 @@ import pytest
 from clients import node_commands
 from clients.cli import main, parser
 from clients.modelset import ConfigError
-from clients.node_commands import head_node_flags
+from clients.node_flags import head_node_flags
 from services.cluster.capabilities import SLOTS, capabilities_of, node_resources
 from services.cluster.ray_node import NodeConfig, NodeStartError, RayNode
 from services.common.vocabulary import (

@@ -9,7 +9,7 @@ import pytest
 
 from clients.cli import parser
 from clients.modelset import ConfigError
-from clients.node_commands import gateway_scaling
+from clients.node_flags import gateway_scaling
 from services.common.autoscaling import POLICY, autoscaling_config, inflight_policy
 from services.launcher import PlatformConfig, gateway_scale
 

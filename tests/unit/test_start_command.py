@@ -214,3 +214,13 @@ def test_a_start_removes_only_its_own_pidfile(fake_platform):
     assert start("--coordinator-port", str(port)) == 0 and fake_platform.stopped.is_set()
     assert read_pidfile(path) == other
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("variable", ["MSHIP_STREAM_DRAIN_S", "MSHIP_STATE_RETENTION_S"])
+def test_a_replica_duration_that_is_no_duration_stops_the_start_before_anything_starts(fake_platform, monkeypatch,
+                                                                                       capsys, variable):
+    monkeypatch.setenv(variable, "ten minutes")
+    assert start() == 2
+    err = capsys.readouterr().err
+    assert f"{variable}='ten minutes'" in err and "give seconds" in err, err
+    assert not fake_platform.started.is_set()
