@@ -48,27 +48,6 @@ def loader_name(loader: int) -> str:
 # --stop-timeout bound it further; a stop with nothing in flight does not wait.
 ENV_STREAM_DRAIN_S = "MSHIP_STREAM_DRAIN_S"
 DEFAULT_STREAM_DRAIN_S = 300.0
-
-
-def stream_drain_s() -> float:
-    """The platform's stream drain: $MSHIP_STREAM_DRAIN_S (`mship start` checks it and hands it to
-    every replica), else DEFAULT_STREAM_DRAIN_S."""
-    return seconds_from_env(ENV_STREAM_DRAIN_S, DEFAULT_STREAM_DRAIN_S,
-                            "a stopping replica's time for its streams, e.g. 1800; 0: cut them at once")
-
-
-def seconds_from_env(name: str, default: float, hint: str) -> float:
-    """A duration setting from the environment: unset or empty is `default`; else seconds >= 0."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise ValueError(f"{name}={value!r}: give seconds ({hint})")
-    return seconds
 DEFAULT_REPLICA_CPUS = 0.5  # what a model replica asks Ray for when its spec names no num_cpus
 # A model's name (its OpenAI `model` id), as models.yaml and the coordinator accept it.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
@@ -91,11 +70,9 @@ ENV_COORDINATOR = "MSHIP_COORDINATOR"            # the CLI's default --coordinat
 ENV_STATE_STORE = "MSHIP_STATE_STORE"            # memory:// or redis://...
 ENV_REDIS_PASSWORD = "MSHIP_REDIS_PASSWORD"      # for a redis:// store URL without one
 ENV_STATE_RETENTION_S = "MSHIP_STATE_RETENTION_S"  # stored responses: kept this long after their last write
-DEFAULT_STATE_RETENTION_S = 30 * 24 * 3600.0  # services/state/store.py says why
-
-
-def state_retention_s() -> float:
-    return seconds_from_env(ENV_STATE_RETENTION_S, DEFAULT_STATE_RETENTION_S, "0: keep stored responses until deleted")
+# How long a stored response (its snapshot, run and event log) is kept after its last write, as
+# OpenAI keeps responses: 30 days. 0 keeps them until deleted.
+DEFAULT_STATE_RETENTION_S = 30 * 24 * 3600.0
 ENV_CACHE_DIR = "MSHIP_CACHE_DIR"                # built models (default ~/.cache/mship)
 ENV_TRUST_IDENTITY_HEADER = "MSHIP_TRUST_IDENTITY_HEADER"  # "1": honour x-mship-identity (older spelling)
 ENV_TRUSTED_IDENTITY_HEADER = "MSHIP_TRUSTED_IDENTITY_HEADER"  # e.g. x-user: a proxy in front authenticates
@@ -137,3 +114,28 @@ PLATFORM_ENV = (ENV_CACHE_DIR, ENV_REDIS_PASSWORD, ENV_TRUST_IDENTITY_HEADER, EN
                 ENV_BREAKER_FAILURES, ENV_BREAKER_COOLDOWN_S, ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S,
                 ENV_MAX_AUDIO_BYTES, ENV_MAX_AUDIO_SECONDS, ENV_REPLICA_PICKER, ENV_ENGINE_SPIN_S,
                 ENV_STATE_RETENTION_S, ENV_STREAM_DRAIN_S)
+
+
+def seconds_from_env(name: str, default: float, hint: str) -> float:
+    """A duration setting from the environment: unset or empty is `default`; else seconds >= 0."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"{name}={value!r}: give seconds ({hint})")
+    return seconds
+
+
+def stream_drain_s() -> float:
+    """The platform's stream drain: $MSHIP_STREAM_DRAIN_S (`mship start` checks it and hands it to
+    every replica), else DEFAULT_STREAM_DRAIN_S."""
+    return seconds_from_env(ENV_STREAM_DRAIN_S, DEFAULT_STREAM_DRAIN_S,
+                            "a stopping replica's time for its streams, e.g. 1800; 0: cut them at once")
+
+
+def state_retention_s() -> float:
+    return seconds_from_env(ENV_STATE_RETENTION_S, DEFAULT_STATE_RETENTION_S, "0: keep stored responses until deleted")

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from mship.state.v1 import state_pb2 as pb
 from services.common.errors import ServiceError
 from services.common.event_log import EventLog
+from services.common.vocabulary import DEFAULT_STATE_RETENTION_S
 from services.state import runs
-from services.state.store import DEFAULT_RETENTION_S, EVENT_BATCH, Mutation, Store, snapshot_bytes
+from services.state.store import EVENT_BATCH, Mutation, Store, snapshot_bytes
 
 Key = tuple[str, str]
 
@@ -29,7 +30,7 @@ class MemoryStore(Store):
     backend = "memory"
 
     def __init__(self, clock: Callable[[], float] | None = None, follow_poll_s: float = 1.0,
-                 retention_s: float = DEFAULT_RETENTION_S) -> None:
+                 retention_s: float = DEFAULT_STATE_RETENTION_S) -> None:
         super().__init__(**({"clock": clock} if clock else {}), follow_poll_s=follow_poll_s, retention_s=retention_s)
         self._data: dict[str, bytes] = {}
         # Serialized, like Redis: callers never share a message with the store.

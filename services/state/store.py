@@ -28,9 +28,6 @@ from services.state import runs
 
 log = logging.getLogger(__name__)
 EVENT_BATCH = 256  # events per backend read while replaying
-# How long a stored response (its snapshot, run and event log) is kept after its last write, as
-# OpenAI keeps responses: 30 days. 0 keeps them until deleted. Operators set it: MSHIP_STATE_RETENTION_S.
-DEFAULT_RETENTION_S = DEFAULT_STATE_RETENTION_S
 
 
 class StoreUnavailable(ServiceError):
@@ -76,7 +73,7 @@ class Store(abc.ABC):
     backend = ""  # its name in metrics: memory | redis
 
     def __init__(self, clock: Callable[[], float] = time.time, follow_poll_s: float = 1.0,
-                 retention_s: float = DEFAULT_RETENTION_S) -> None:
+                 retention_s: float = DEFAULT_STATE_RETENTION_S) -> None:
         if retention_s < 0:
             raise ValueError(f"the retention of stored responses must not be negative, not {retention_s}")
         self.clock = clock

@@ -14,11 +14,10 @@ import redis
 
 from mship.state.v1 import state_pb2 as pb
 from services.common.errors import ServiceError
-from services.common.vocabulary import ENV_STATE_RETENTION_S
+from services.common.vocabulary import DEFAULT_STATE_RETENTION_S, ENV_STATE_RETENTION_S
 from services.state.backends import open_store
 from services.state.memory_store import MemoryStore
 from services.state.redis_store import RedisStore, _keys
-from services.state.store import DEFAULT_RETENTION_S
 from tests.redis_server import RedisServer
 from tests.store_contract import Clock, ev, snap
 
@@ -27,7 +26,7 @@ DAY = 24 * 3600.0
 
 def test_the_default_is_30_days_and_the_environment_sets_it(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(ENV_STATE_RETENTION_S, raising=False)
-    assert open_store("memory://").retention_s == DEFAULT_RETENTION_S == 30 * DAY
+    assert open_store("memory://").retention_s == DEFAULT_STATE_RETENTION_S == 30 * DAY
     monkeypatch.setenv(ENV_STATE_RETENTION_S, "3600")
     assert open_store("memory://").retention_s == 3600
     monkeypatch.setenv(ENV_STATE_RETENTION_S, "0")
