@@ -8,6 +8,7 @@ integration tests (assert no failure) and by bench/cutover.py (latency percentil
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass
@@ -34,13 +35,16 @@ class Failure:
 class LoadGenerator:
     def __init__(self, base_url: str, model: str, clients: int = 4, max_tokens: int = 8,
                  prompt: str = "What is 2 + 2?", headers: dict[str, str] | None = None, timeout_s: float = 120,
-                 fresh_connections: bool = False) -> None:
+                 fresh_connections: bool = False, distinct_prompts: bool = False) -> None:
         """`fresh_connections`: a new connection per request (`Connection: close`), as many separate
-        clients would make: the kernel spreads them over the gateway replicas."""
+        clients would make: the kernel spreads them over the gateway replicas. `distinct_prompts`:
+        each request's message is its own (numbered), as many users' are: prefix-affinity routing
+        then spreads them over a model's replicas instead of keeping one prompt on one replica."""
         self.base_url, self.headers, self.timeout_s = base_url, dict(headers or {}), timeout_s
         if fresh_connections:
             self.headers["connection"] = "close"
         self.body = {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": prompt}]}
+        self._numbered = itertools.count() if distinct_prompts else None
         self.samples: list[Sample] = []
         self.failures: list[str] = []
         self.failed: list[Failure] = []  # the same, with when each failed request started and ended
@@ -70,15 +74,21 @@ class LoadGenerator:
                 streamed = not streamed
                 self._stop.wait(retry_after)  # as the OpenAI SDK does before it sends again
 
+    def _next_body(self) -> dict:
+        if self._numbered is None:
+            return self.body
+        (message,) = self.body["messages"]
+        return {**self.body, "messages": [{**message, "content": f"{message['content']} (#{next(self._numbered)})"}]}
+
     def _request(self, http: httpx.Client) -> tuple[str, str, float]:
         """(error or "", the answering gateway replica, the Retry-After to honour)"""
-        r = http.post("/v1/chat/completions", json=self.body)
+        r = http.post("/v1/chat/completions", json=self._next_body())
         if r.status_code != 200 or not r.json()["choices"]:
             return f"{r.status_code} {r.text[:300]}", "", _retry_after(r)
         return "", r.headers.get("x-mship-gateway", ""), 0.0
 
     def _stream(self, http: httpx.Client) -> tuple[str, str, float]:
-        with http.stream("POST", "/v1/chat/completions", json={**self.body, "stream": True}) as r:
+        with http.stream("POST", "/v1/chat/completions", json={**self._next_body(), "stream": True}) as r:
             if r.status_code != 200:
                 return f"{r.status_code} {r.read().decode(errors='replace')[:300]}", "", _retry_after(r)
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]

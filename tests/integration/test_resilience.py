@@ -186,7 +186,10 @@ def assert_hung_engine_replaced(platform: PlatformProcess, model: str, engine_of
     health check's period and a probe), leaves routing, is replaced; nobody hangs, failures are clean,
     and where another replica serves, only among the requests that were on it."""
     victim, *others = platform.replicas(model)
-    with LoadGenerator(platform.base_url, model, clients=clients, max_tokens=24, timeout_s=60) as load:
+    # Distinct prompts: one prompt's prefix-affinity key would keep the whole load on one replica,
+    # which may not be the victim, and an idle engine has nothing to show a stall with.
+    with LoadGenerator(platform.base_url, model, clients=clients, max_tokens=24, timeout_s=60,
+                       distinct_prompts=True) as load:
         load.wait_for(4)
         engine = engine_of(victim.pid)
         with hang(engine):
