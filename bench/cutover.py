@@ -27,7 +27,7 @@ for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
 
 import grpc  # noqa: E402
 
-from bench.report import pct, write_json  # noqa: E402
+from bench.report import pct, unwind_on_signals, write_json  # noqa: E402
 from clients.modelset import load_model_set  # noqa: E402
 from mship.coordinator.v1 import coordinator_pb2 as pb  # noqa: E402
 from mship.coordinator.v1 import coordinator_pb2_grpc  # noqa: E402
@@ -109,4 +109,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_signals()
     main()

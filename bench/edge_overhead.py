@@ -39,7 +39,6 @@ import functools
 import itertools
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -55,7 +54,7 @@ for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 
-from bench.report import pct, write_json  # noqa: E402
+from bench.report import pct, stop_processes, unwind_on_signals, write_json  # noqa: E402
 from clients.client import MshipClient  # noqa: E402
 from services.worker.builtin import resolve_model_ref  # noqa: E402
 from services.worker.vllm_engine import DEFAULT_CPU_KV_CACHE_BYTES, set_engine_env  # noqa: E402
@@ -301,11 +300,10 @@ def main() -> None:
             floor, floor_url = start_floor(platform, tmp / "floor.log")
         table = asyncio.run(run(args, platform, vllm_port, floor_url, cpu_meters(platform, server, floor)))
     finally:
-        for proc in (server, floor):
-            if proc is not None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(30)
-        platform.stop()
+        try:
+            stop_processes([server, floor])
+        finally:
+            platform.stop()
     print(f"{'streams':>7} {'path':<10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'ITL p50 ms':>11} {'tok/s':>9} "
           f"{'server CPU us/tok':>18} {'front end us/tok':>17}")
     summary = {}
@@ -334,4 +332,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_signals()
     main()

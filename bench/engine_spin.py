@@ -29,7 +29,7 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 
 from bench.edge_overhead import MAX_MODEL_LEN, MAX_NUM_SEQS, MODEL, CpuMeter, Quiet, sse_stream  # noqa: E402
-from bench.report import pct, write_json  # noqa: E402
+from bench.report import pct, unwind_on_signals, write_json  # noqa: E402
 from services.common.vocabulary import ENV_ENGINE_SPIN_S  # noqa: E402
 from tests.platform_process import PlatformProcess  # noqa: E402
 
@@ -108,4 +108,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_signals()
     main()

@@ -39,7 +39,7 @@ sys.path.insert(0, os.environ.get(TREE_ENV, str(ROOT)))
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 
-from bench.report import write_json  # noqa: E402
+from bench.report import stop_processes, unwind_on_signals, write_json  # noqa: E402
 
 MODEL = "m"  # what tests/unit/gateway_harness.py routes
 
@@ -219,9 +219,7 @@ def main() -> None:
                                              max(args.rounds, -(-30 // c)), args.tokens, args.repeat))
                  for c in (1, 8, 32)}
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+        stop_processes(procs, grace_s=10)
     print(f"{'streams':>7} {'edge':<40} {'tok/s':>7} {'gateway us/tok':>15} {'worker us/tok':>14} {'TTFT p50 ms':>12}")
     for c, rows in table.items():
         for name, r in rows.items():
@@ -232,4 +230,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_signals()
     main()

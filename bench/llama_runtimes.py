@@ -26,7 +26,7 @@ import grpc
 import psutil
 
 from bench.loaders import llama_bench_parser, mship_stream
-from bench.report import pct, write_json
+from bench.report import pct, unwind_on_signals, write_json
 from mship.common.v1 import common_pb2
 from mship.worker.v1 import worker_pb2_grpc
 
@@ -144,6 +144,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_signals()
     parser = llama_bench_parser(__doc__)
     parser.add_argument("--serve", choices=RUNTIMES, help=argparse.SUPPRESS)
     parsed = parser.parse_args()

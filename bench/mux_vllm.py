@@ -24,7 +24,6 @@ import contextlib
 import functools
 import itertools
 import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator
@@ -42,7 +41,7 @@ import uvloop  # noqa: E402
 from bench import edge_overhead as eo  # noqa: E402
 from bench.edge_floor import chunk, sse  # noqa: E402
 from bench.mux_floor import FRAME, OPEN, MuxReader, serve_edge  # noqa: E402
-from bench.report import write_json  # noqa: E402
+from bench.report import stop_processes, unwind_on_signals, write_json  # noqa: E402
 from mship.worker.v1 import worker_pb2 as pb  # noqa: E402
 
 if TYPE_CHECKING:
@@ -175,14 +174,7 @@ def main() -> None:
                   "mux-path": eo.CpuMeter([worker_proc, mux_edge])}
         table = asyncio.run(measure_all(args, urls, meters))
     finally:
-        for proc in reversed(procs):
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(list(reversed(procs)))
     report(table)
     if args.json:
         write_json(args.json, args, table=table)
@@ -210,4 +202,5 @@ def report(table: dict) -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_signals()
     main()

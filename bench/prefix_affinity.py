@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
     os.environ.setdefault(key, value)
 
-from bench.report import pct, write_json  # noqa: E402
+from bench.report import pct, unwind_on_signals, write_json  # noqa: E402
 from clients.client import MshipClient  # noqa: E402
 from services.common.picker import LeastOutstanding, PrefixAffinity, ReplicaPicker  # noqa: E402
 from services.worker.builtin.corpus import UNSEEN_PROMPTS  # noqa: E402
@@ -129,4 +129,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_signals()
     main()

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import redis  # noqa: E402
 
-from bench.report import pct, write_json  # noqa: E402
+from bench.report import pct, stop_processes, unwind_on_signals, write_json  # noqa: E402
 from mship.state.v1 import state_pb2 as pb  # noqa: E402
 from services.state.client import StateClient  # noqa: E402
 from services.worker.builtin import corpus  # noqa: E402
@@ -101,14 +101,6 @@ async def serve(url: str) -> None:
     server, port = await start_state_server(url, "127.0.0.1", 0)
     print(port, flush=True)
     await server.wait_for_termination()
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 # ---- measurements -------------------------------------------------------------------------------
@@ -241,7 +233,7 @@ async def bench_backend(url: str, args: argparse.Namespace) -> dict[str, dict[st
         return results
     finally:
         await client.close()
-        stop(proc)
+        stop_processes([proc], grace_s=10)
 
 
 LABELS = {"write": "store write (PutResponse)", "read": "store read (GetResponse)",
@@ -279,7 +271,7 @@ def main() -> None:
                     table["gateway"] = bench_chain_ttft(url, args, Path(tmp))
             finally:
                 if redis_proc is not None:
-                    stop(redis_proc)
+                    stop_processes([redis_proc], grace_s=10)
     size = len(snapshot("x", args.turns).SerializeToString())
     print(f"snapshot {size / 1024:.1f} KB ({args.turns} turns); one call in flight; Redis AOF "
           f"appendfsync={args.appendfsync}; load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
@@ -294,4 +286,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_signals()
     main()

@@ -28,7 +28,7 @@ for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
 
 import grpc  # noqa: E402
 
-from bench.report import pct, write_json  # noqa: E402
+from bench.report import pct, unwind_on_signals, write_json  # noqa: E402
 from mship.worker.v1 import worker_pb2, worker_pb2_grpc  # noqa: E402
 from tests.load_generator import LoadGenerator  # noqa: E402
 from tests.platform_process import PlatformProcess, mship  # noqa: E402
@@ -117,4 +117,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_signals()
     main()

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from bench.report import pct, write_json  # noqa: E402
+from bench.report import pct, unwind_on_signals, write_json  # noqa: E402
 from bench.stall_trace import StallTracer  # noqa: E402
 from tests.platform_process import PlatformProcess  # noqa: E402
 
@@ -178,4 +178,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_signals()
     main()
