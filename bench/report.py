@@ -4,6 +4,7 @@ that leaves nothing it started running."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -58,5 +59,5 @@ def stop_processes(procs: list[subprocess.Popen | None], grace_s: float = 30) ->
             proc.kill()
             proc.wait()
         for child in trees[proc.pid]:
-            if child.is_running():
+            with contextlib.suppress(psutil.Error):  # (it may end by itself meanwhile)
                 child.kill()
