@@ -4,8 +4,10 @@ that names it, whatever is ready in one message.
 A call's handler hands its deltas to the stream (`Delivery.send`, never waiting); the stream's own
 handler wakes once for everything handed over meanwhile and sends it as one `DeliveryBatch`. While
 gRPC is still writing the previous batch the next one grows, so the worker sends one message per
-engine step and not one per token and stream, and fewer still when the caller lags. The calls keep
-their own control (deadline, status, Final, cancel = cancel the call).
+engine step and not one per token and stream, and fewer still when the caller lags. A delta that
+finds its call's last one still waiting (gRPC still writing: the caller lags) is merged into it, so
+what waits grows with the calls, not by an event per token; the Final counts the events that went
+out. The calls keep their own control (deadline, status, Final, cancel = cancel the call).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from mship.worker.v1 import worker_pb2 as pb
+from services.common.delivery import merge
 from services.common.errors import Reason, ServiceError
 
 MAX_BATCH = 1024  # events per message: a batch stays far below the caller's message size limit
@@ -30,17 +33,26 @@ class Delivery:
         self.attached = 0  # Infer calls sending on it now
         self._tags: list[int] = []
         self._events: list[pb.InferEvent] = []
+        self._waiting: dict[tuple[int, int], pb.InferEvent] = {}  # (tag, choice) -> its last event in `_events`
         self._ready = asyncio.Event()
         self._ended = False  # the stream's call ended: nothing more goes out on it
         self._closing = False  # the worker stops: end the stream once no call is attached
 
-    def send(self, tag: int, event: pb.InferEvent) -> None:
+    def send(self, tag: int, event: pb.InferEvent) -> bool:
+        """Hand a call's delta over. False: it was merged into the call's last delta of its choice,
+        still waiting to go out (one event fewer for the Final's count)."""
         if self._ended:
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, Reason.ERROR_REASON_UNSPECIFIED,
                                "the delivery stream this call sends on has ended")
+        key = (tag, event.delta.index)
+        waiting = self._waiting.get(key)
+        if waiting is not None and merge(waiting, event):
+            return False
+        self._waiting[key] = event
         self._tags.append(tag)
         self._events.append(event)
         self._ready.set()
+        return True
 
     def end(self) -> None:
         self._ended = True
@@ -61,7 +73,7 @@ class Delivery:
             await ready.wait()
             ready.clear()
             tags, events = self._tags, self._events
-            self._tags, self._events = [], []
+            self._tags, self._events, self._waiting = [], [], {}  # taken: nothing merges into them any more
             for at in range(0, len(events), MAX_BATCH):  # one message, unless a lagging caller let it grow
                 yield pb.DeliveryBatch(tags=tags[at:at + MAX_BATCH], events=events[at:at + MAX_BATCH])
             if self._closing and not self.attached and not self._events:

@@ -96,8 +96,7 @@ class WorkerServicer(AudioCalls, worker_pb2_grpc.WorkerServicer):
                         _count_tokens(request.model, event.final.usage)
                         record_usage(request.model, event.final.usage)  # the Infer span's, when traced
                     elif delivery is not None:
-                        delivery.send(tag, event)
-                        delivered += 1
+                        delivered += delivery.send(tag, event)
                         continue
                     yield event
         except ServiceError as e:
