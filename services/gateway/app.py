@@ -98,7 +98,7 @@ def create_app(table: RouteTable, settings: GatewaySettings, responses: Response
     # auth -> the bounded body -> routes.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(AuthMiddleware, authenticator=authenticator or Authenticator.from_env())
-    audit = AuditSink(settings.audit_log) if settings.audit_log else None
+    app.state.audit = audit = AuditSink(settings.audit_log) if settings.audit_log else None
     if audit is not None:
         app.add_middleware(AuditMiddleware, sink=audit, content=settings.audit_content)
     if settings.cors_origins:

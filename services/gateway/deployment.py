@@ -81,6 +81,8 @@ class GatewayDeployment:
             if self.state is not None:
                 await self.state.close()
             await self.watcher.stop()
+            if app.state.audit is not None:  # its last records, once the streams ended
+                await asyncio.to_thread(app.state.audit.close)
 
         self.http = ReusePortServer(app, host, port, on_start=on_start, on_stop=on_stop, server_id=replica_id,
                                     drain_s=LISTENERS_DRAIN_S, graceful_s=STREAM_DRAIN_S)

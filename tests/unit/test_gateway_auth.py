@@ -196,7 +196,7 @@ async def test_the_audit_trail_records_each_request_without_contents_unless_aske
             assert ok.headers["x-request-id"] == "r-1" and len(streamed.headers["x-request-id"]) == 32
             assert refused.status_code == 401
         # A record is written once its response has ended, which the client may see first.
-        await until(lambda: len(plain.read_text().splitlines()) == 3 and len(full.read_text().splitlines()) == 3,
+        await until(lambda: all(p.exists() and len(p.read_text().splitlines()) == 3 for p in (plain, full)),
                     "both audit logs written")
         # In the order the responses ended: a stream's record may come after the next request's.
         records = sorted((json.loads(line) for line in plain.read_text().splitlines()), key=_request_order)

@@ -7,35 +7,108 @@ Prompts and completions are recorded only with `MSHIP_AUDIT_CONTENT=1`: the requ
 response body of a non-streamed answer (each up to CONTENT_LIMIT bytes). Even then the secrets a
 request hands to a tool server (`tools[].headers` values, `tools[].authorization`) are redacted. `MSHIP_AUDIT_LOG=-`
 writes to the `mship.audit` logger; a path appends JSON lines to that file.
+
+Records are written by a thread of their own (`AuditSink`): a slow or stalled disk must not hold
+the event loop, where every stream of the replica waits behind it.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import os
 import threading
 import time
 from typing import Any
 
 from services.common.logs import request_id as current_request_id
+from services.gateway.edge.metrics import AUDIT_DROPPED
 
-log = logging.getLogger("mship.audit")
+records = logging.getLogger("mship.audit")  # MSHIP_AUDIT_LOG=-: the records themselves
+log = logging.getLogger(__name__)
 CONTENT_LIMIT = 64 * 1024
+FILE_MODE = 0o640  # a new audit log: it may hold tenants' prompts (MSHIP_AUDIT_CONTENT)
 PREFIX = "/v1/"
 
 
 class AuditSink:
+    """Appends each record to the target from a writer thread; `write()` never waits for the disk.
+    A write that fails (a full disk, a missing directory) is tried again every RETRY_S with the
+    records kept. At most MAX_WAITING records wait: past that a record is dropped and counted
+    (`mship_gateway_audit_records_dropped_total`), not the replica's memory grown without bound.
+    The file is opened for each batch, so a rotated log is followed (as by logrotate's `create`).
+    `close()` writes what waits."""
+
+    MAX_WAITING = 100_000
+    RETRY_S = 1.0
+
     def __init__(self, target: str) -> None:
         self.target = target
-        self._lock = threading.Lock()
+        self._lines: collections.deque[str] = collections.deque()
+        self._changed = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="mship-audit", daemon=True)
+        self._thread.start()
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, separators=(",", ":"), default=str)
+        with self._changed:
+            if len(self._lines) >= self.MAX_WAITING:
+                AUDIT_DROPPED.inc()
+                return
+            self._lines.append(line)
+            self._changed.notify()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        failing = False
+        while True:
+            with self._changed:
+                while not self._lines and not self._closed:
+                    self._changed.wait()
+                if not self._lines:
+                    return
+                lines = list(self._lines)
+            try:
+                self._append(lines)
+            except OSError as e:
+                if not failing:
+                    log.error("cannot write the audit log %s (%s); trying again every %g s", self.target, e,
+                              self.RETRY_S)
+                failing = True
+                with self._changed:
+                    if not self._closed:
+                        self._changed.wait(self.RETRY_S)
+                        continue
+                    AUDIT_DROPPED.inc(len(self._lines))  # stopping: what could not be written is lost
+                    return
+            if failing:
+                log.warning("the audit log %s is written again", self.target)
+                failing = False
+            with self._changed:
+                for _ in lines:  # written: only now out of the queue (a failed write keeps them)
+                    self._lines.popleft()
+
+    def _append(self, lines: list[str]) -> None:
         if self.target == "-":
-            log.info(line)
+            for line in lines:
+                records.info(line)
             return
-        with self._lock, open(self.target, "a", encoding="utf-8", errors="backslashreplace") as f:
-            f.write(line + "\n")
+        # One write() of the whole batch to a file opened for appending: the replicas of a node that
+        # share the file never interleave inside each other's lines.
+        data = memoryview("".join(line + "\n" for line in lines).encode("utf-8", "backslashreplace"))
+        fd = os.open(self.target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
 
 
 REDACTED = "[redacted]"

@@ -34,6 +34,8 @@ WAITING = Gauge("mship_gateway_waiting_requests", "worker calls waiting for thei
                 ["model"], multiprocess_mode="livesum")
 DISCONNECTS = Counter("mship_gateway_disconnect_cancellations", "worker calls cancelled because the client went "
                       "away (or its deadline passed) before the end", ["route", "model"])
+AUDIT_DROPPED = Counter("mship_gateway_audit_records_dropped", "audit records not written: too many waited "
+                        "for a stalled or failing audit log, or it still failed when the replica stopped")
 PREFIX = "/v1/"
 
 
