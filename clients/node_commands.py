@@ -21,7 +21,7 @@ from clients.node_flags import (
     head_node_flags,
     parse_memory,
     port,
-    replica_durations,
+    replica_settings,
     start_addresses,
     whole_cpus,
 )
@@ -78,7 +78,7 @@ def cmd_start(args: argparse.Namespace, deploy_initial, expected: list[str]) -> 
     token = start_token(args)
     stop_timeout = _positive(args.stop_timeout, "--stop-timeout")
     start_addresses(args)
-    replica_durations()
+    replica_settings()
     try:
         caps = node_capabilities() if not args.no_models_on_head else []
     except CapabilityError as e:

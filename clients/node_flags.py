@@ -8,17 +8,26 @@ import argparse
 import re
 
 from clients.modelset import ConfigError
-from services.common.vocabulary import ENV_STATE_RETENTION_S, ENV_STREAM_DRAIN_S, state_retention_s, stream_drain_s
+from services.common.vocabulary import (
+    ENV_MAX_CONNECTIONS,
+    ENV_STATE_RETENTION_S,
+    ENV_STREAM_DRAIN_S,
+    max_connections,
+    state_retention_s,
+    stream_drain_s,
+)
 
 
-def replica_durations() -> None:
-    """The durations every replica reads from the environment `mship start` hands it, checked here:
+def replica_settings() -> None:
+    """The settings every replica reads from the environment `mship start` hands it, checked here:
     a bad one would otherwise fail each replica as it starts."""
-    for name, read in ((ENV_STREAM_DRAIN_S, stream_drain_s), (ENV_STATE_RETENTION_S, state_retention_s)):
+    for name, read, hint in ((ENV_STREAM_DRAIN_S, stream_drain_s, "unset it, or give seconds >= 0"),
+                             (ENV_STATE_RETENTION_S, state_retention_s, "unset it, or give seconds >= 0"),
+                             (ENV_MAX_CONNECTIONS, max_connections, "unset it, or give a whole number >= 0")):
         try:
             read()
         except ValueError as e:
-            raise ConfigError("(environment)", name, str(e), "unset it, or give seconds >= 0") from None
+            raise ConfigError("(environment)", name, str(e), hint) from None
 
 
 def port(value: int | None, flag: str, zero_ok: bool = False) -> None:

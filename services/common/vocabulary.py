@@ -81,6 +81,7 @@ ENV_API_KEYS_FILE = "MSHIP_API_KEYS_FILE"        # one key:identity a line; re-r
 ENV_RATE_LIMITS_FILE = "MSHIP_RATE_LIMITS_FILE"  # per-identity rate-limit overrides (YAML)
 ENV_MAX_REQUEST_BODY_BYTES = "MSHIP_MAX_REQUEST_BODY_BYTES"
 ENV_CORS_ORIGINS = "MSHIP_CORS_ORIGINS"          # comma-separated origins; default none
+ENV_MAX_CONNECTIONS = "MSHIP_MAX_CONNECTIONS"    # open HTTP connections per gateway replica (from the fd limit)
 ENV_AUDIT_LOG = "MSHIP_AUDIT_LOG"                # a file path, or "-" for the log stream
 ENV_AUDIT_CONTENT = "MSHIP_AUDIT_CONTENT"        # "1": audit records carry prompts and completions
 ENV_COMPACTION_KEY = "MSHIP_COMPACTION_KEY"      # base64 of 32 bytes, shared by every gateway replica
@@ -110,7 +111,7 @@ ENV_GCS_STORAGE_NAMESPACE = "RAY_external_storage_namespace"  # the GCS's key pr
 # inherit it from the node's own environment, so it never sits in the job's runtime_env.)
 PLATFORM_ENV = (ENV_CACHE_DIR, ENV_REDIS_PASSWORD, ENV_TRUST_IDENTITY_HEADER, ENV_COMPACTION_KEY,
                 ENV_TRUSTED_IDENTITY_HEADER, ENV_API_KEYS, ENV_API_KEYS_FILE, ENV_RATE_LIMITS_FILE,
-                ENV_MAX_REQUEST_BODY_BYTES, ENV_CORS_ORIGINS, ENV_AUDIT_LOG, ENV_AUDIT_CONTENT,
+                ENV_MAX_REQUEST_BODY_BYTES, ENV_MAX_CONNECTIONS, ENV_CORS_ORIGINS, ENV_AUDIT_LOG, ENV_AUDIT_CONTENT,
                 ENV_BREAKER_FAILURES, ENV_BREAKER_COOLDOWN_S, ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S,
                 ENV_MAX_AUDIO_BYTES, ENV_MAX_AUDIO_SECONDS, ENV_REPLICA_PICKER, ENV_ENGINE_SPIN_S,
                 ENV_STATE_RETENTION_S, ENV_STREAM_DRAIN_S)
@@ -139,3 +140,14 @@ def stream_drain_s() -> float:
 
 def state_retention_s() -> float:
     return seconds_from_env(ENV_STATE_RETENTION_S, DEFAULT_STATE_RETENTION_S, "0: keep stored responses until deleted")
+
+
+def max_connections() -> int | None:
+    """A gateway replica's cap on open HTTP connections: $MSHIP_MAX_CONNECTIONS, a whole number (0:
+    no cap); None when unset (the replica derives it from its open-file limit)."""
+    value = os.environ.get(ENV_MAX_CONNECTIONS, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise ValueError(f"{ENV_MAX_CONNECTIONS}={value!r}: give a whole number of connections (0: no cap)")
+    return int(value)

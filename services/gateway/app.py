@@ -21,6 +21,7 @@ from services.common.vocabulary import (
     ENV_MAX_REQUEST_BODY_BYTES,
     ENV_NO_METRICS,
     ENV_RATE_LIMITS_FILE,
+    max_connections,
 )
 from services.gateway.admission.admission import Admission
 from services.gateway.admission.buckets import BucketStore, MemoryBuckets
@@ -36,6 +37,7 @@ from services.gateway.completions.serving import CompletionServing
 from services.gateway.edge.audit import AuditMiddleware, AuditSink
 from services.gateway.edge.auth import AuthMiddleware
 from services.gateway.edge.errors import install_handlers
+from services.gateway.edge.http_server import default_max_connections
 from services.gateway.edge.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from services.gateway.edge.metrics import MetricsMiddleware
 from services.gateway.edge.request_id import RequestIdMiddleware
@@ -56,6 +58,11 @@ def _env_origins() -> list[str]:
 def _env_body_limit() -> int:
     value = os.environ.get(ENV_MAX_REQUEST_BODY_BYTES, "")
     return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_BODY_BYTES
+
+
+def _env_max_connections() -> int:
+    value = max_connections()  # (`mship start` checked it)
+    return default_max_connections() if value is None else value
 
 
 def _env_audio_limit() -> int:
@@ -80,6 +87,7 @@ class GatewaySettings:
     audit_content: bool = field(default_factory=lambda: os.environ.get(ENV_AUDIT_CONTENT) == "1")
     metrics: bool = field(default_factory=lambda: os.environ.get(ENV_NO_METRICS) != "1")  # `--no-metrics`
     max_audio_bytes: int = field(default_factory=_env_audio_limit)  # /v1/audio/transcriptions' file
+    max_connections: int = field(default_factory=_env_max_connections)  # open HTTP connections (0: no cap)
 
 
 def open_buckets(url: str) -> BucketStore:

@@ -224,3 +224,12 @@ def test_a_replica_duration_that_is_no_duration_stops_the_start_before_anything_
     err = capsys.readouterr().err
     assert f"{variable}='ten minutes'" in err and "give seconds" in err, err
     assert not fake_platform.started.is_set()
+
+
+def test_a_connection_cap_that_is_no_number_stops_the_start_before_anything_starts(fake_platform, monkeypatch,
+                                                                                   capsys):
+    monkeypatch.setenv("MSHIP_MAX_CONNECTIONS", "-5")
+    assert start() == 2
+    err = capsys.readouterr().err
+    assert "MSHIP_MAX_CONNECTIONS='-5'" in err and "whole number" in err, err
+    assert not fake_platform.started.is_set()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
+import resource
 import socket
 import threading
 import time
@@ -21,6 +23,8 @@ from pathlib import Path
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from services.gateway.edge.metrics import REJECTIONS
 
 MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
 
@@ -34,12 +38,40 @@ class HttpLimits:
     header_timeout_s: float = 20.0  # the request line and headers, from the connection (or the request's first byte)
     body_idle_s: float = 30.0       # between two reads of a request body (while the app reads it)
     max_header_bytes: int = 64 * 1024
+    max_connections: int = 0        # open connections past which a request is answered 503 (0: no limit)
+
+
+FD_RESERVE = 512  # file descriptors the replica keeps for its gRPC channels, files and Ray
+
+
+def default_max_connections() -> int:
+    """What the process's open-file limit leaves for client connections after FD_RESERVE: past
+    it, accept() would fail with EMFILE and take the replica's own channels and files down with it."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 0 if soft == resource.RLIM_INFINITY else max(64, soft - FD_RESERVE)
+
+
+def busy_app(limit: int):
+    """The ASGI app that answers a request on a connection past the limit: a 503 OpenAI error that
+    closes the connection (a client or load balancer retries it elsewhere)."""
+    body = json.dumps({"error": {
+        "message": f"This gateway replica has {limit} open connections, its limit; retry (another replica may).",
+        "type": "server_error", "param": None, "code": "too_many_connections"}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+               (b"retry-after", b"1"), (b"connection", b"close")]
+
+    async def busy(scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return busy
 
 
 class _BoundedHttp(HttpToolsProtocol):
     """uvicorn's httptools protocol within `HttpLimits`: 408 (or a silent close when nothing came)
-    past the header timeout, 431 past the header size, a close when a body stalls. Request side
-    only: nothing here runs per response write."""
+    past the header timeout, 431 past the header size, a close when a body stalls, 503 for a request
+    on a connection past `max_connections` (counted when its headers are in: connections that sent
+    nothing are closed by the header timeout). Request side only: nothing here runs per response write."""
 
     def __init__(self, *args, limits: HttpLimits, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -73,6 +105,10 @@ class _BoundedHttp(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._disarm()
+        limit = self.limits.max_connections
+        if limit and len(self.connections) > limit:
+            REJECTIONS.labels("", "503", "too_many_connections").inc()
+            self.app = busy_app(limit)  # this connection's app, for its last request: its answer closes it
         super().on_headers_complete()
         if not self.expect_100_continue:  # that client waits for the app to ask for its body
             self._arm(self.limits.body_idle_s)
