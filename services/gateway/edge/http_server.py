@@ -109,7 +109,11 @@ class _BoundedHttp(HttpToolsProtocol):
         if limit and len(self.connections) > limit:
             REJECTIONS.labels("", "503", "too_many_connections").inc()
             self.app = busy_app(limit)  # this connection's app, for its last request: its answer closes it
+        earlier = self.cycle
         super().on_headers_complete()
+        cycle = self.cycle  # a new one, unless the request upgrades (a websocket) and has none
+        if cycle is not earlier and cycle.scope["method"] != "HEAD":  # (uvicorn writes no body for HEAD)
+            cycle.transport = _HeadWithBody(cycle)
         if not self.expect_100_continue:  # that client waits for the app to ask for its body
             self._arm(self.limits.body_idle_s)
 
@@ -151,6 +155,34 @@ class _BoundedHttp(HttpToolsProtocol):
         self._disarm()
         self.transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
         self.transport.close()
+
+
+class _HeadWithBody:
+    """A response cycle's transport until its head is out: the head (status line and headers) waits
+    for the body's first write and goes out with it, one write and one wake-up of the client fewer
+    per response. (The gateway starts a response once its first bytes are ready: a stream's once
+    its first event came.) Then the cycle writes to the transport itself again."""
+
+    __slots__ = ("_cycle", "_head", "_transport")
+
+    def __init__(self, cycle) -> None:
+        self._cycle, self._transport, self._head = cycle, cycle.transport, b""
+
+    def write(self, data: bytes) -> None:
+        if not self._head and self._cycle.response_started:  # (a `100 Continue` before it goes at once)
+            self._head = data
+            return
+        self._cycle.transport = self._transport
+        self._transport.write(self._head + data)
+
+    def close(self) -> None:  # the app failed, or the connection ends, before a body was sent
+        self._cycle.transport = self._transport
+        if self._head:
+            self._transport.write(self._head)
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
 
 
 class _Tracker:

@@ -70,7 +70,17 @@ class ReleasingResponse(StreamingResponse):
 
 
 class EventStreamResponse(ReleasingResponse):
-    """An SSE stream (`frames`), released however it ends."""
+    """An SSE stream (`frames`), released however it ends. The write that carries `[DONE]` ends the
+    body too (Starlette's own sends an empty end after it: one write more per stream)."""
 
     def __init__(self, body: AsyncIterator[bytes], release: Callable[[], None]) -> None:
         super().__init__(body, release, "text/event-stream", SSE_HEADERS)
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        more = True
+        async for chunk in self.body_iterator:
+            more = not chunk.endswith(SSE_DONE)
+            await send({"type": "http.response.body", "body": chunk, "more_body": more})
+        if more:  # a body that did not end with [DONE]
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
