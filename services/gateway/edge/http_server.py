@@ -71,7 +71,8 @@ class _BoundedHttp(HttpToolsProtocol):
     """uvicorn's httptools protocol within `HttpLimits`: 408 (or a silent close when nothing came)
     past the header timeout, 431 past the header size, a close when a body stalls, 503 for a request
     on a connection past `max_connections` (counted when its headers are in: connections that sent
-    nothing are closed by the header timeout). Request side only: nothing here runs per response write."""
+    nothing are closed by the header timeout). On the response side only its head's write is touched
+    (`_HeadWithBody`): nothing here runs per token."""
 
     def __init__(self, *args, limits: HttpLimits, **kwargs) -> None:
         super().__init__(*args, **kwargs)
