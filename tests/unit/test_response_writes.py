@@ -95,3 +95,4 @@ async def test_plain_answers_head_requests_and_100_continue_are_unchanged(served
         answer = await reader.readuntil(b"\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 200 ") and await reader.readexactly(1) == b"4"
     writer.close()
+    assert app.echo.requests == 3
