@@ -33,10 +33,12 @@ class _AsciiJSON(JSONResponse):
 
 
 async def send_error(send, err: OpenAIError, headers: list[tuple[bytes, bytes]] = ()) -> None:
-    """The error as a whole HTTP response, from pure ASGI middleware (before any route runs)."""
+    """The error as a whole HTTP response (its own headers, e.g. Retry-After, and `headers`), from
+    pure ASGI middleware or the HTTP server (before any route runs)."""
     body = json.dumps(err.body()).encode()
+    own = [(name.lower().encode(), value.encode()) for name, value in err.headers.items()]
     await send({"type": "http.response.start", "status": err.status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]})
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *own, *headers]})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import resource
 import socket
 import threading
@@ -24,7 +23,9 @@ from pathlib import Path
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from services.gateway.edge.errors import send_error
 from services.gateway.edge.metrics import REJECTIONS
+from services.gateway.protocol_common.openai_error import too_many_connections
 
 MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
 
@@ -54,15 +55,10 @@ def default_max_connections() -> int:
 def busy_app(limit: int):
     """The ASGI app that answers a request on a connection past the limit: a 503 OpenAI error that
     closes the connection (a client or load balancer retries it elsewhere)."""
-    body = json.dumps({"error": {
-        "message": f"This gateway replica has {limit} open connections, its limit; retry (another replica may).",
-        "type": "server_error", "param": None, "code": "too_many_connections"}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-               (b"retry-after", b"1"), (b"connection", b"close")]
+    error = too_many_connections(limit)
 
     async def busy(scope, receive, send) -> None:
-        await send({"type": "http.response.start", "status": 503, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, error, [(b"connection", b"close")])
 
     return busy
 

@@ -61,6 +61,13 @@ def retry_after_header(retry_after_s: float | None) -> dict[str, str]:
     return {"Retry-After": str(seconds)}
 
 
+def too_many_connections(limit: int) -> OpenAIError:
+    """A gateway replica past its cap on open connections (MSHIP_MAX_CONNECTIONS): 503, retried
+    elsewhere (the connection closes)."""
+    return OpenAIError(503, f"This gateway replica has {limit} open connections, its limit; retry (another "
+                       "replica may).", type=SERVER_ERROR, code="too_many_connections", headers=retry_after_header(1))
+
+
 def overloaded(retry_after_s: float | None = None) -> OpenAIError:
     """Every replica of the model is at its backpressure limits (running and queued): 503 with
     Retry-After, at once. (A caller over its own rate limits gets 429 from admission instead.)"""
