@@ -327,8 +327,13 @@ class RoutingWatcher:
         return "cancelled" if task.cancelled() else repr(task.exception())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Ends the watch and closes the table. A watch that had already ended with an error said so
+        (`ended()`: the replica's health check): stopping closes the table all the same, and does
+        not raise it again into its caller's stop."""
+        task = self._task
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})
+            if not task.cancelled() and (error := task.exception()) is not None:
+                log.warning("the routing watch had ended: %r", error)
         await self.table.close()

@@ -76,13 +76,13 @@ class GatewayDeployment:
             freeze_startup_heap("gateway")  # before it serves: no long GC pause mid-stream
 
         async def on_stop() -> None:
+            if app.state.audit is not None:  # its last records: the streams have ended
+                await asyncio.to_thread(app.state.audit.close)
             if self.responses is not None:
                 await self.responses.stop()
             if self.state is not None:
                 await self.state.close()
             await self.watcher.stop()
-            if app.state.audit is not None:  # its last records, once the streams ended
-                await asyncio.to_thread(app.state.audit.close)
 
         self.http = ReusePortServer(app, host, port, on_start=on_start, on_stop=on_stop, server_id=replica_id,
                                     drain_s=LISTENERS_DRAIN_S, graceful_s=STREAM_DRAIN_S,

@@ -179,8 +179,18 @@ async def test_a_gateway_whose_routing_watch_ended_fails_its_health_check(coordi
         await until(lambda: gateway.watcher._task.done(), "the watch to end")
         with pytest.raises(RuntimeError, match="routing watch ended"):
             gateway.check_health()
+        closed, close = [], gateway.table.close
+
+        async def recorded_close() -> None:
+            closed.append(True)
+            await close()
+        gateway.table.close = recorded_close
     finally:
         await gateway_class.__mro__[1].__del__(gateway)
+    # Serve then stops it: the stop runs to its end (the table and its channels closed), the
+    # watch's error is not raised again out of the HTTP server's task (an exception nobody retrieves).
+    assert gateway.http._task.done() and gateway.http._task.exception() is None
+    assert closed == [True]
 
 
 async def test_a_gateway_stays_healthy_while_the_coordinator_is_away(coordinator, gateway_class):
