@@ -4,6 +4,7 @@ lost while the log can be written again, and what waits is bounded."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -106,6 +107,38 @@ def test_a_log_that_fails_is_tried_again_with_its_records_kept(tmp_path: Path,
         assert oct(log.stat().st_mode & 0o777) == oct(0o640 & ~current_umask())
     finally:
         sink.close()
+
+
+def test_a_write_that_fails_part_way_resumes_where_it_stopped(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills in the middle of a batch: the retry writes the rest, not the batch again
+    (which would leave a torn line and the batch's first records twice)."""
+    log = tmp_path / "audit.jsonl"
+    real_write, calls = os.write, []
+
+    def filling_disk(fd: int, data: bytes | memoryview) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}") != str(log):
+            return real_write(fd, data)
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[:len(data) // 2 + 3]))  # part of a line
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    sink = AuditSink(str(log))
+    sink.RETRY_S = 0.02
+    monkeypatch.setattr(os, "write", filling_disk)
+    try:
+        sink.write({"n": 0, "text": "x" * 1000})
+        sink.write({"n": 1, "text": "y" * 1000})
+        until_sync(lambda: len(calls) >= 3, "written again after the failure", timeout_s=10, poll_s=0.01)
+        sink.close()
+    finally:
+        sink.close()
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["n"] for r in records] == [0, 1]
+    assert calls[2] == calls[0] - (calls[0] // 2 + 3)  # the retry wrote only what was left
 
 
 def current_umask() -> int:

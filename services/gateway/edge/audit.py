@@ -48,6 +48,7 @@ class AuditSink:
         self._lines: collections.deque[str] = collections.deque()
         self._changed = threading.Condition()
         self._closed = False
+        self._unwritten = memoryview(b"")  # the bytes of the batch being written not written yet
         self._thread = threading.Thread(target=self._run, name="mship-audit", daemon=True)
         self._thread.start()
 
@@ -68,15 +69,20 @@ class AuditSink:
 
     def _run(self) -> None:
         failing = False
+        batch: list[str] = []  # taken from the queue, not yet wholly written
         while True:
-            with self._changed:
-                while not self._lines and not self._closed:
-                    self._changed.wait()
-                if not self._lines:
-                    return
-                lines = list(self._lines)
+            if not batch:
+                with self._changed:
+                    while not self._lines and not self._closed:
+                        self._changed.wait()
+                    if not self._lines:
+                        return
+                    batch = list(self._lines)
+                if self.target != "-":
+                    self._unwritten = memoryview("".join(line + "\n" for line in batch).encode(
+                        "utf-8", "backslashreplace"))
             try:
-                self._append(lines)
+                self._append(batch)
             except OSError as e:
                 if not failing:
                     log.error("cannot write the audit log %s (%s); trying again every %g s", self.target, e,
@@ -86,27 +92,30 @@ class AuditSink:
                     if not self._closed:
                         self._changed.wait(self.RETRY_S)
                         continue
-                    AUDIT_DROPPED.inc(len(self._lines))  # stopping: what could not be written is lost
+                    unfinished = bytes(self._unwritten).count(b"\n")  # the batch's lines not wholly written
+                    AUDIT_DROPPED.inc(len(self._lines) - len(batch) + unfinished)  # stopping: lost
                     return
             if failing:
                 log.warning("the audit log %s is written again", self.target)
                 failing = False
             with self._changed:
-                for _ in lines:  # written: only now out of the queue (a failed write keeps them)
+                for _ in batch:  # written: only now out of the queue (a failed write keeps them)
                     self._lines.popleft()
+            batch = []
 
-    def _append(self, lines: list[str]) -> None:
+    def _append(self, batch: list[str]) -> None:
         if self.target == "-":
-            for line in lines:
+            for line in batch:
                 records.info(line)
             return
         # One write() of the whole batch to a file opened for appending: the replicas of a node that
-        # share the file never interleave inside each other's lines.
-        data = memoryview("".join(line + "\n" for line in lines).encode("utf-8", "backslashreplace"))
+        # share the file never interleave inside each other's lines. A write that fails part-way (the
+        # disk filled) leaves the rest in `_unwritten`, and the retry resumes there: no record twice,
+        # no line torn by a second copy of the batch.
         fd = os.open(self.target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
         try:
-            while data:
-                data = data[os.write(fd, data):]
+            while self._unwritten:
+                self._unwritten = self._unwritten[os.write(fd, self._unwritten):]
         finally:
             os.close(fd)
 
