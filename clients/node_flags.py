@@ -9,9 +9,11 @@ import re
 
 from clients.modelset import ConfigError
 from services.common.vocabulary import (
+    ENV_FORWARDED_ALLOW_IPS,
     ENV_MAX_CONNECTIONS,
     ENV_STATE_RETENTION_S,
     ENV_STREAM_DRAIN_S,
+    forwarded_allow_ips,
     max_connections,
     state_retention_s,
     stream_drain_s,
@@ -23,11 +25,13 @@ def replica_settings() -> None:
     a bad one would otherwise fail each replica as it starts."""
     for name, read, hint in ((ENV_STREAM_DRAIN_S, stream_drain_s, "unset it, or give seconds >= 0"),
                              (ENV_STATE_RETENTION_S, state_retention_s, "unset it, or give seconds >= 0"),
-                             (ENV_MAX_CONNECTIONS, max_connections, "unset it, or give a whole number >= 0")):
+                             (ENV_MAX_CONNECTIONS, max_connections, "unset it, or give a whole number >= 0"),
+                             (ENV_FORWARDED_ALLOW_IPS, forwarded_allow_ips,
+                              "give addresses or networks, comma-separated, e.g. 10.0.0.0/8,127.0.0.1")):
         try:
             read()
         except ValueError as e:
-            raise ConfigError("(environment)", name, str(e), hint) from None
+            raise ConfigError("(environment)", name, str(e).removeprefix(f"{name}="), hint) from None  # named once
 
 
 def port(value: int | None, flag: str, zero_ok: bool = False) -> None:

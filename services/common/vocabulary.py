@@ -6,6 +6,7 @@ once and a client never imports a service's internals to learn it.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 
@@ -82,6 +83,10 @@ ENV_RATE_LIMITS_FILE = "MSHIP_RATE_LIMITS_FILE"  # per-identity rate-limit overr
 ENV_MAX_REQUEST_BODY_BYTES = "MSHIP_MAX_REQUEST_BODY_BYTES"
 ENV_CORS_ORIGINS = "MSHIP_CORS_ORIGINS"          # comma-separated origins; default none
 ENV_MAX_CONNECTIONS = "MSHIP_MAX_CONNECTIONS"    # open HTTP connections per gateway replica (from the fd limit)
+# The proxies whose X-Forwarded-For / X-Forwarded-Proto a gateway believes (the client address of
+# the audit trail): comma-separated addresses or networks, `*` for any; default the node itself.
+ENV_FORWARDED_ALLOW_IPS = "MSHIP_FORWARDED_ALLOW_IPS"
+DEFAULT_FORWARDED_ALLOW_IPS = "127.0.0.1,::1"
 ENV_AUDIT_LOG = "MSHIP_AUDIT_LOG"                # a file path, or "-" for the log stream
 ENV_AUDIT_CONTENT = "MSHIP_AUDIT_CONTENT"        # "1": audit records carry prompts and completions
 ENV_COMPACTION_KEY = "MSHIP_COMPACTION_KEY"      # base64 of 32 bytes, shared by every gateway replica
@@ -111,10 +116,10 @@ ENV_GCS_STORAGE_NAMESPACE = "RAY_external_storage_namespace"  # the GCS's key pr
 # inherit it from the node's own environment, so it never sits in the job's runtime_env.)
 PLATFORM_ENV = (ENV_CACHE_DIR, ENV_REDIS_PASSWORD, ENV_TRUST_IDENTITY_HEADER, ENV_COMPACTION_KEY,
                 ENV_TRUSTED_IDENTITY_HEADER, ENV_API_KEYS, ENV_API_KEYS_FILE, ENV_RATE_LIMITS_FILE,
-                ENV_MAX_REQUEST_BODY_BYTES, ENV_MAX_CONNECTIONS, ENV_CORS_ORIGINS, ENV_AUDIT_LOG, ENV_AUDIT_CONTENT,
-                ENV_BREAKER_FAILURES, ENV_BREAKER_COOLDOWN_S, ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S,
-                ENV_MAX_AUDIO_BYTES, ENV_MAX_AUDIO_SECONDS, ENV_REPLICA_PICKER, ENV_ENGINE_SPIN_S,
-                ENV_STATE_RETENTION_S, ENV_STREAM_DRAIN_S)
+                ENV_MAX_REQUEST_BODY_BYTES, ENV_MAX_CONNECTIONS, ENV_FORWARDED_ALLOW_IPS, ENV_CORS_ORIGINS,
+                ENV_AUDIT_LOG, ENV_AUDIT_CONTENT, ENV_BREAKER_FAILURES, ENV_BREAKER_COOLDOWN_S,
+                ENV_MCP_ALLOWED_HOSTS, ENV_MCP_TIMEOUT_S, ENV_MAX_AUDIO_BYTES, ENV_MAX_AUDIO_SECONDS,
+                ENV_REPLICA_PICKER, ENV_ENGINE_SPIN_S, ENV_STATE_RETENTION_S, ENV_STREAM_DRAIN_S)
 
 
 def seconds_from_env(name: str, default: float, hint: str) -> float:
@@ -151,3 +156,23 @@ def max_connections() -> int | None:
     if not value.isdigit():
         raise ValueError(f"{ENV_MAX_CONNECTIONS}={value!r}: give a whole number of connections (0: no cap)")
     return int(value)
+
+
+def forwarded_allow_ips() -> str:
+    """The proxies a gateway replica believes forwarded headers from ($MSHIP_FORWARDED_ALLOW_IPS,
+    else DEFAULT_FORWARDED_ALLOW_IPS), as uvicorn takes them: each entry an IP address, a network
+    (10.0.0.0/8) or `*`. A typo is refused here: uvicorn would take it for a literal host name
+    and believe no proxy."""
+    value = os.environ.get(ENV_FORWARDED_ALLOW_IPS, "").strip()
+    if not value:
+        return DEFAULT_FORWARDED_ALLOW_IPS
+    entries = [entry.strip() for entry in value.split(",")]
+    for entry in entries:
+        if entry == "*":
+            continue
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(f"{ENV_FORWARDED_ALLOW_IPS}={value!r}: {entry!r} is not an IP address, a network "
+                             "or *") from None
+    return ",".join(entries)

@@ -21,6 +21,7 @@ from services.common.vocabulary import (
     ENV_MAX_REQUEST_BODY_BYTES,
     ENV_NO_METRICS,
     ENV_RATE_LIMITS_FILE,
+    forwarded_allow_ips,
     max_connections,
 )
 from services.gateway.admission.admission import Admission
@@ -88,6 +89,7 @@ class GatewaySettings:
     metrics: bool = field(default_factory=lambda: os.environ.get(ENV_NO_METRICS) != "1")  # `--no-metrics`
     max_audio_bytes: int = field(default_factory=_env_audio_limit)  # /v1/audio/transcriptions' file
     max_connections: int = field(default_factory=_env_max_connections)  # open HTTP connections (0: no cap)
+    forwarded_allow_ips: str = field(default_factory=forwarded_allow_ips)  # (`mship start` checked it)
 
 
 def open_buckets(url: str) -> BucketStore:

@@ -86,7 +86,8 @@ class GatewayDeployment:
 
         self.http = ReusePortServer(app, host, port, on_start=on_start, on_stop=on_stop, server_id=replica_id,
                                     drain_s=LISTENERS_DRAIN_S, graceful_s=STREAM_DRAIN_S,
-                                    limits=HttpLimits(max_connections=settings.max_connections))
+                                    limits=HttpLimits(max_connections=settings.max_connections),
+                                    forwarded_allow_ips=settings.forwarded_allow_ips)
         await self.http.start_here()
         log.info("gateway on %s:%d (coordinator %s)", host, port, coordinator)
 

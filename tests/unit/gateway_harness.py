@@ -43,7 +43,8 @@ class Gateway:
         config = GatewaySettings(**{"coordinator": f"127.0.0.1:{free_port()}", "max_body_bytes": MAX_BODY, **settings})
         self.app = create_app(self.table, config, authenticator=authenticator or Authenticator())
         self.http = ReusePortServer(self.app, "127.0.0.1", 0, on_stop=self.table.close, drain_s=drain_s, graceful_s=2,
-                                    server_id=server_id, limits=HttpLimits(max_connections=config.max_connections))
+                                    server_id=server_id, limits=HttpLimits(max_connections=config.max_connections),
+                                    forwarded_allow_ips=config.forwarded_allow_ips)
         self.http.start()
         self.url = f"http://127.0.0.1:{self.http.port}"
         self.version = 0

@@ -17,6 +17,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from services.gateway.app import GatewaySettings
 from services.gateway.identity import ApiKeys, Authenticator, cache_salt_for
 from tests.helpers import until
 from tests.unit.gateway_harness import CHAT, MAX_BODY, Gateway
@@ -212,6 +213,35 @@ async def test_the_audit_trail_records_each_request_without_contents_unless_aske
     finally:
         await quiet.stop()
         await loud.stop()
+
+
+async def test_the_audit_trail_names_the_client_a_trusted_proxy_forwarded(tmp_path):
+    """X-Forwarded-For is believed only from the proxies MSHIP_FORWARDED_ALLOW_IPS names (default
+    the node itself): behind a load balancer the audit names the client, and a client that sends
+    the header itself cannot name another."""
+    auth = Authenticator(ApiKeys("key-a1:team-a"))
+    trusting = Gateway(authenticator=auth, audit_log=str(tmp_path / "trusting.jsonl"))
+    distrusting = Gateway(authenticator=auth, audit_log=str(tmp_path / "distrusting.jsonl"),
+                          forwarded_allow_ips="10.0.0.0/8")
+    try:
+        for gw in (trusting, distrusting):
+            async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
+                reply = await c.get("/v1/models", headers={**bearer("key-a1"), "x-forwarded-for": "203.0.113.7"})
+                assert reply.status_code == 200
+        logs = [tmp_path / "trusting.jsonl", tmp_path / "distrusting.jsonl"]
+        await until(lambda: all(p.exists() and p.read_text().endswith("\n") for p in logs), "both records written")
+        clients = [json.loads(p.read_text())["client"] for p in logs]
+        assert clients == ["203.0.113.7", "127.0.0.1"]  # the peer, 127.0.0.1, is no proxy of 10.0.0.0/8
+    finally:
+        await trusting.stop()
+        await distrusting.stop()
+
+
+@pytest.mark.parametrize(("value", "proxies"), [
+    ("", "127.0.0.1,::1"), ("10.0.0.0/8, 192.168.1.5", "10.0.0.0/8,192.168.1.5"), ("*", "*"), ("fd00::/8", "fd00::/8")])
+def test_the_trusted_proxies_come_from_the_environment(monkeypatch, value, proxies):
+    monkeypatch.setenv("MSHIP_FORWARDED_ALLOW_IPS", value)
+    assert GatewaySettings().forwarded_allow_ips == proxies
 
 
 async def test_an_identity_the_store_could_not_key_is_refused(workers, client):

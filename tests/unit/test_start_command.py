@@ -222,7 +222,16 @@ def test_a_replica_duration_that_is_no_duration_stops_the_start_before_anything_
     monkeypatch.setenv(variable, "ten minutes")
     assert start() == 2
     err = capsys.readouterr().err
-    assert f"{variable}='ten minutes'" in err and "give seconds" in err, err
+    assert f"{variable}: 'ten minutes': give seconds" in err and err.count(variable) == 1, err
+    assert not fake_platform.started.is_set()
+
+
+def test_a_proxy_list_with_a_typo_stops_the_start_before_anything_starts(fake_platform, monkeypatch, capsys):
+    """uvicorn would take the typo for a host name and believe no proxy: refused here, named."""
+    monkeypatch.setenv("MSHIP_FORWARDED_ALLOW_IPS", "10.0.0.0/8,10.0.0.300")
+    assert start() == 2
+    err = capsys.readouterr().err
+    assert "MSHIP_FORWARDED_ALLOW_IPS: '10.0.0.0/8,10.0.0.300': '10.0.0.300' is not an IP address" in err, err
     assert not fake_platform.started.is_set()
 
 
@@ -231,5 +240,5 @@ def test_a_connection_cap_that_is_no_number_stops_the_start_before_anything_star
     monkeypatch.setenv("MSHIP_MAX_CONNECTIONS", "-5")
     assert start() == 2
     err = capsys.readouterr().err
-    assert "MSHIP_MAX_CONNECTIONS='-5'" in err and "whole number" in err, err
+    assert "MSHIP_MAX_CONNECTIONS: '-5': give a whole number" in err and err.count("MSHIP_MAX_CONNECTIONS") == 1, err
     assert not fake_platform.started.is_set()

@@ -23,6 +23,7 @@ from pathlib import Path
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from services.common.vocabulary import DEFAULT_FORWARDED_ALLOW_IPS
 from services.gateway.edge.errors import send_error
 from services.gateway.edge.metrics import REJECTIONS
 from services.gateway.protocol_common.openai_error import too_many_connections
@@ -229,7 +230,8 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
 class ReusePortServer:
     def __init__(self, app, host: str, port: int, *, on_start: Callable[[], Awaitable[None]] | None = None,
                  on_stop: Callable[[], Awaitable[None]] | None = None, drain_s: float = 2.0,
-                 graceful_s: float = 20.0, server_id: str = "", limits: HttpLimits = HttpLimits()) -> None:
+                 graceful_s: float = 20.0, server_id: str = "", limits: HttpLimits = HttpLimits(),
+                 forwarded_allow_ips: str = DEFAULT_FORWARDED_ALLOW_IPS) -> None:
         self.server_id = server_id
         self.inflight = 0
         self.draining = False
@@ -238,7 +240,8 @@ class ReusePortServer:
         self.port = self.sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(
             _Tracker(app, self), http=functools.partial(_BoundedHttp, limits=limits), loop="none", lifespan="off",
-            access_log=False, log_level="warning", timeout_keep_alive=30, timeout_graceful_shutdown=graceful_s))
+            access_log=False, log_level="warning", timeout_keep_alive=30, timeout_graceful_shutdown=graceful_s,
+            forwarded_allow_ips=forwarded_allow_ips))  # whose X-Forwarded-For is the client (the audit's)
         # SIGTERM/SIGINT are the process's (Serve's, pytest's), not uvicorn's: on the main thread its
         # serve() would take them for the time it serves and exit on one without the drain.
         self.server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
