@@ -2,7 +2,8 @@
 admitted through the same backpressure gate as Infer, streamed as the engine produces (encoded in a
 thread: FFmpeg's work never blocks the worker's event loop), stopped when the call is cancelled
 (the handler's cancellation closes the engine's iterator: no next sentence or segment) or when
-`Cancel` names the request.
+`Cancel` names the request. Each wait for the engine's next sentence or segment is watched like an
+Infer step (services/worker/stall_watch.py): a speech engine that hangs fails the replica's health.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from services.worker.engine import Engine, TranscribeOptions, TranscriptInfo, Tr
 from services.worker.inflight import InflightRequests
 
 if TYPE_CHECKING:
+    from services.worker.host import ModelHost
     from services.worker.request_gate import RequestGate
 
 MAX_SPEECH_INPUT_CHARS = 4096  # OpenAI's limit of /v1/audio/speech input
@@ -33,6 +35,7 @@ class AudioCalls:
 
     gate: RequestGate
     inflight: InflightRequests
+    host: ModelHost
 
     if TYPE_CHECKING:  # WorkerServicer's
         def _engine_for(self, model: str) -> Engine: ...
@@ -76,10 +79,10 @@ class AudioCalls:
         request_id = request.request_id or uuid.uuid4().hex
         samples = 0
         async with self._running(request.model, request_id):
-            chunks = engine.synthesize(text, request.voice, speed, request_id)
+            chunks, watch = engine.synthesize(text, request.voice, speed, request_id), self.host.watch
             try:
                 started = False
-                async for pcm in chunks:
+                while (pcm := await watch.next_step(chunks)) is not None:
                     if not started:  # after the first sentence: a refused voice or speed never sent a start
                         started = True
                         yield pb.SynthesizeEvent(start=pb.AudioStart(
@@ -113,9 +116,9 @@ class AudioCalls:
         request_id = request.request_id or uuid.uuid4().hex
         duration = 0.0
         async with self._running(request.model, request_id):
-            items = engine.transcribe(request.audio, options, request_id)
+            items, watch = engine.transcribe(request.audio, options, request_id), self.host.watch
             try:
-                async for item in items:
+                while (item := await watch.next_step(items)) is not None:
                     if isinstance(item, TranscriptInfo):
                         duration = item.duration_s
                         yield pb.TranscribeEvent(info=pb.TranscriptInfo(

@@ -6,6 +6,7 @@ hangs, a clock the test moves. (Real engines, hung by SIGSTOP: tests/integration
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import grpc
 import pytest
@@ -18,7 +19,7 @@ from services.worker.engine import EngineStats, Prompt
 from services.worker.host import ModelHost
 from services.worker.sampling import sampling_from_request
 from services.worker.stall_watch import DEFAULT_STALL_TIMEOUT_S, StallWatch
-from tests.engine_double import ScriptedEngine, serve_worker
+from tests.engine_double import AudioDouble, ScriptedEngine, serve_worker
 from tests.helpers import until
 from tests.worker_calls import chat, collect
 
@@ -224,3 +225,24 @@ async def test_an_engine_that_hangs_while_it_renders_a_prompt_is_killed_too(hung
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await asyncio.wait_for(call, 5)
     assert reason(info.value) == (grpc.StatusCode.UNAVAILABLE, "ENGINE_DIED")
+
+
+@pytest.mark.parametrize("kind", ["speech", "transcription"])
+async def test_a_speech_engine_that_hangs_fails_the_replica_too(hung, kind):
+    """A voice or an ear runs in a thread of the worker: nothing to kill, but a sentence or segment
+    that never comes fails the replica's health, as a hung text engine's step does."""
+    engine = AudioDouble()
+    engine.permits = threading.Semaphore(0)  # its next unit of work never starts
+    stub, host, clock = await hung(engine)
+    call = (stub.Synthesize(pb.SynthesizeRequest(request_id="r1", model="m", input="A. B."))
+            if kind == "speech" else stub.Transcribe(pb.TranscribeRequest(request_id="r1", model="m", audio=b"x")))
+    try:
+        await until(lambda: engine.stats().running_requests == 1, "the request reached the engine")
+        clock.now += LIMIT_S - 1
+        assert await host.check()  # quiet, but not for the limit yet
+        clock.now += 2
+        assert not await host.check()
+        assert host.phase == pb.LOAD_PHASE_FAILED and "engine hung" in host.history.events[-1].message
+    finally:
+        call.cancel()
+        engine.permits.release(10)  # its thread ends
