@@ -63,7 +63,10 @@ class NodeConfig:
         host = self.node_ip or "0.0.0.0"
         cmd = [sys.executable, "-m", "services.cluster.ray_cli", "start", "--block", "--disable-usage-stats",
                # Fixed defaults that co-located nodes would share: give each node its own.
-               "--dashboard-agent-listen-port", str(self.agent_port or free_port(host))]
+               "--dashboard-agent-listen-port", str(self.agent_port or free_port(host)),
+               # Ray's log monitor tails every log file of the node to stream it to drivers, at
+               # nice 0 beside the engines; the platform's driver takes no logs (log_to_driver=False).
+               "--include-log-monitor", "false"]
         if self.head:
             cmd += ["--head", "--port", str(self.gcs_port), "--include-dashboard", "false",
                     "--dashboard-port", str(free_port(host)), "--ray-client-server-port", str(free_port(host))]

@@ -157,6 +157,13 @@ def test_gateway_replicas_run_with_their_grpc_setting_on_top_of_the_jobs_environ
     assert workers and all(w.environ().get(GRPC_EXPERIMENTS) == os.environ.get(GRPC_EXPERIMENTS) for w in workers)
 
 
+def test_the_node_runs_no_log_monitor_beside_the_engines(platform):
+    """Ray's log monitor tails every log file of the node at nice 0, for drivers that take logs;
+    the platform's takes none (log_to_driver=False), so `ray start` runs without it."""
+    assert platform.find("ray/raylet/raylet") and platform.find("gcs_server")  # the node's own processes are seen
+    assert platform.find("log_monitor.py") == []
+
+
 async def test_python_client_low_latency_path(platform):
     async with MshipClient(platform.coordinator) as c:
         assert c.models() == ["tiny"]

@@ -138,6 +138,13 @@ def test_join_memory_parses_the_same_way(monkeypatch, capsys):
     assert done.value.code == 2 and "--node-memory" in (err := capsys.readouterr().err) and "'lots'" in err
 
 
+def test_no_node_runs_rays_log_monitor():
+    """No driver of the platform takes logs; its tail of every log file would run beside the engines."""
+    for node in (NodeConfig(head=True), NodeConfig(head=False, gcs_address="10.0.0.1:6380")):
+        cmd = node.command()
+        assert cmd[cmd.index("--include-log-monitor") + 1] == "false"
+
+
 def test_no_ray_monitor_starts_the_head_without_the_monitor():
     flags = start_flags("--no-ray-monitor")
     assert flags["ray_monitor"] is False
