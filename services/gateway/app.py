@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
@@ -38,7 +39,7 @@ from services.gateway.completions.serving import CompletionServing
 from services.gateway.edge.audit import AuditMiddleware, AuditSink
 from services.gateway.edge.auth import AuthMiddleware
 from services.gateway.edge.errors import install_handlers
-from services.gateway.edge.http_server import default_max_connections
+from services.gateway.edge.http_server import HttpLimits, default_max_connections
 from services.gateway.edge.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from services.gateway.edge.metrics import MetricsMiddleware
 from services.gateway.edge.request_id import RequestIdMiddleware
@@ -90,6 +91,11 @@ class GatewaySettings:
     max_audio_bytes: int = field(default_factory=_env_audio_limit)  # /v1/audio/transcriptions' file
     max_connections: int = field(default_factory=_env_max_connections)  # open HTTP connections (0: no cap)
     forwarded_allow_ips: str = field(default_factory=forwarded_allow_ips)  # (`mship start` checked it)
+
+    def http_server_options(self) -> dict[str, Any]:
+        """What the replica's HTTP server (`ReusePortServer`) takes from these settings."""
+        return {"limits": HttpLimits(max_connections=self.max_connections),
+                "forwarded_allow_ips": self.forwarded_allow_ips}
 
 
 def open_buckets(url: str) -> BucketStore:

@@ -17,7 +17,7 @@ from services.common.sighup import ignore_sighup
 from services.common.tracing import configure_tracing
 from services.common.vocabulary import ENV_REPLICA_PICKER, stream_drain_s
 from services.gateway.app import GatewaySettings, create_app
-from services.gateway.edge.http_server import HttpLimits, ReusePortServer
+from services.gateway.edge.http_server import ReusePortServer
 from services.gateway.responses.compaction import CompactionCodec
 from services.gateway.responses.router import enable_responses
 from services.gateway.responses.serving import ResponsesServing
@@ -86,8 +86,7 @@ class GatewayDeployment:
 
         self.http = ReusePortServer(app, host, port, on_start=on_start, on_stop=on_stop, server_id=replica_id,
                                     drain_s=LISTENERS_DRAIN_S, graceful_s=STREAM_DRAIN_S,
-                                    limits=HttpLimits(max_connections=settings.max_connections),
-                                    forwarded_allow_ips=settings.forwarded_allow_ips)
+                                    **settings.http_server_options())
         await self.http.start_here()
         log.info("gateway on %s:%d (coordinator %s)", host, port, coordinator)
 

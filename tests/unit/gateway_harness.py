@@ -19,7 +19,7 @@ import httpx
 from mship.coordinator.v1 import coordinator_pb2 as cpb
 from services.common.routes import Endpoint, RouteTable
 from services.gateway.app import GatewaySettings, create_app
-from services.gateway.edge.http_server import HttpLimits, ReusePortServer
+from services.gateway.edge.http_server import ReusePortServer
 from services.gateway.identity import Authenticator
 from tests.engine_double import ServedWorker
 from tests.platform_process import free_port
@@ -43,8 +43,7 @@ class Gateway:
         config = GatewaySettings(**{"coordinator": f"127.0.0.1:{free_port()}", "max_body_bytes": MAX_BODY, **settings})
         self.app = create_app(self.table, config, authenticator=authenticator or Authenticator())
         self.http = ReusePortServer(self.app, "127.0.0.1", 0, on_stop=self.table.close, drain_s=drain_s, graceful_s=2,
-                                    server_id=server_id, limits=HttpLimits(max_connections=config.max_connections),
-                                    forwarded_allow_ips=config.forwarded_allow_ips)
+                                    server_id=server_id, **config.http_server_options())
         self.http.start()
         self.url = f"http://127.0.0.1:{self.http.port}"
         self.version = 0
